@@ -1,0 +1,1 @@
+"""Evaluate SGLang-served robot action policies on LIBERO; knows nothing of Snakemake."""
