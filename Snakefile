@@ -1,0 +1,28 @@
+# LIBERO evaluation of SGLang-served action policies:
+# plan -> serve (one policy server per slot) -> rollout (sharded episodes) -> aggregate -> report.
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: "config/config.yaml"
+
+
+report: "workflow/report/workflow.rst"
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/plan.smk"
+include: "workflow/rules/serve.smk"
+include: "workflow/rules/rollout.smk"
+include: "workflow/rules/aggregate.smk"
+
+
+rule all:
+    input:
+        get_final_output(),
+    default_target: True
+
+
+onsuccess:
+    print_summary()

@@ -1,0 +1,151 @@
+"""Success rates per task, per suite and overall, with Wilson score intervals.
+
+Every (suite, task, init state) counts once: the plan decides which episodes exist, and an
+episode missing from the results is an error, not a silently smaller denominator. Episodes
+that ended with an error count as failures and are listed separately.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+from scipy.stats import norm
+
+METRICS = ("success_once", "success_at_end")
+
+
+def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (nan, nan when n == 0)."""
+    if n == 0:
+        return math.nan, math.nan
+    z = float(norm.ppf(0.5 + confidence / 2))
+    p = successes / n
+    denominator = 1 + z**2 / n
+    centre = (p + z**2 / (2 * n)) / denominator
+    half = z * math.sqrt(p * (1 - p) / n + z**2 / (4 * n**2)) / denominator
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def check_complete(episodes: pd.DataFrame, plan: pd.DataFrame) -> None:
+    """Every planned episode has exactly one result row."""
+    keys = ["suite", "task_id", "init_state_id"]
+    duplicated = episodes[episodes.duplicated(keys, keep=False)]
+    if len(duplicated):
+        raise ValueError(
+            f"{len(duplicated)} result rows share a (suite, task, init state); each episode "
+            f"must count once: {duplicated[keys].head().to_dict('records')}"
+        )
+    merged = plan[keys].merge(episodes[keys], how="left", indicator=True)
+    missing = merged[merged["_merge"] == "left_only"]
+    if len(missing):
+        raise ValueError(
+            f"{len(missing)} planned episodes have no result row, e.g. "
+            f"{missing[keys].head().to_dict('records')}; rerun the workflow to finish them"
+        )
+
+
+def _summarize(group: pd.DataFrame, confidence: float) -> dict:
+    n = len(group)
+    row: dict = {"num_trajectories": n, "num_errors": int(group["error"].notna().sum())}
+    for metric in METRICS:
+        k = int(group[metric].sum())
+        low, high = wilson_interval(k, n, confidence)
+        row[metric] = k / n if n else math.nan
+        row[f"{metric}_ci_low"] = low
+        row[f"{metric}_ci_high"] = high
+    row["mean_steps"] = float(group["steps"].mean()) if n else math.nan
+    return row
+
+
+def success_tables(episodes: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """One table with a `level` column: task rows, suite rows and one overall row."""
+    rows = []
+    for (suite, task_id), group in episodes.groupby(["suite", "task_id"], sort=True):
+        language = group["task_language"].dropna()
+        rows.append(
+            {
+                "level": "task",
+                "suite": suite,
+                "task_id": int(task_id),
+                "task_language": language.iloc[0] if len(language) else None,
+                **_summarize(group, confidence),
+            }
+        )
+    for suite, group in episodes.groupby("suite", sort=True):
+        rows.append({"level": "suite", "suite": suite, **_summarize(group, confidence)})
+    rows.append({"level": "overall", "suite": "all", **_summarize(episodes, confidence)})
+    table = pd.DataFrame(rows)
+    table["task_id"] = table.get("task_id", pd.Series(dtype="Int64")).astype("Int64")
+    return table
+
+
+def _pct(value: float, low: float, high: float, decimals: int) -> str:
+    if math.isnan(value):
+        return "n/a"
+    return f"{100 * value:.{decimals}f}% [{100 * low:.{decimals}f}, {100 * high:.{decimals}f}]"
+
+
+def markdown_summary(
+    table: pd.DataFrame, run_id: str, confidence: float = 0.95, decimals: int = 1
+) -> str:
+    """A Markdown report: suites and overall first, then every task."""
+    level = f"{round(confidence * 100)}%"
+    header = (
+        f"| suite | task | success_once ({level} CI) | success_at_end ({level} CI) "
+        "| num_trajectories | errors | mean steps |\n|---|---|---|---|---|---|---|\n"
+    )
+
+    def line(row, task: str) -> str:
+        return (
+            f"| {row['suite']} | {task} "
+            f"| {_pct(row['success_once'], row['success_once_ci_low'], row['success_once_ci_high'], decimals)} "  # noqa: E501
+            f"| {_pct(row['success_at_end'], row['success_at_end_ci_low'], row['success_at_end_ci_high'], decimals)} "  # noqa: E501
+            f"| {row['num_trajectories']} | {row['num_errors']} | {row['mean_steps']:.0f} |\n"
+        )
+
+    parts = [f"# LIBERO evaluation `{run_id}`\n\n## Suites\n\n", header]
+    for _, row in table[table["level"].isin(["suite", "overall"])].iterrows():
+        parts.append(line(row, "all" if row["level"] == "overall" else "(suite)"))
+    parts.append("\n## Tasks\n\n")
+    parts.append(header)
+    for _, row in table[table["level"] == "task"].iterrows():
+        parts.append(line(row, f"{row['task_id']}: {row['task_language']}"))
+    return "".join(parts)
+
+
+def write_summary(
+    shard_paths: list[str],
+    plan_path: str,
+    outputs: dict[str, str],
+    run_id: str,
+    confidence: float = 0.95,
+    decimals: int = 1,
+    event_log: str | None = None,
+) -> pd.DataFrame:
+    """Read shard tables, check them against the plan, write every summary output."""
+    from libero_eval.eventlog import log_event
+    from libero_eval.store import read_results, write_frame
+
+    episodes = read_results(shard_paths)
+    check_complete(episodes, pd.read_csv(plan_path))
+    episodes = episodes.sort_values(["suite", "init_state_id", "task_id"], ignore_index=True)
+    write_frame(episodes, outputs["episodes"])
+    table = success_tables(episodes, confidence)
+    table.to_parquet(outputs["tables"], index=False)
+    table[table["level"] == "task"].drop(columns="level").to_csv(outputs["per_task"], index=False)
+    table[table["level"] != "task"].drop(columns=["level", "task_id", "task_language"]).to_csv(
+        outputs["per_suite"], index=False
+    )
+    markdown = markdown_summary(table, run_id, confidence, decimals)
+    with open(outputs["markdown"], "w") as handle:
+        handle.write(markdown)
+    overall = table[table["level"] == "overall"].iloc[0]
+    log_event(
+        event_log,
+        "aggregate",
+        f"summary: success_once={overall['success_once']:.4f} "
+        f"success_at_end={overall['success_at_end']:.4f} "
+        f"num_trajectories={overall['num_trajectories']}\n{markdown}",
+    )
+    return table

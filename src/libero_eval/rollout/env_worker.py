@@ -1,0 +1,395 @@
+"""One LIBERO env: reset to an init state, run the protocol's steps, render only on demand.
+
+`LiberoEpisodeEnv` runs in-process (tests use it directly); `EnvWorker` runs one of them in
+a child process and talks to it over a pipe.
+
+Render on demand: robosuite samples a camera observable at the FIRST physics substep of a
+control step, and keeps a sampling clock per observable. We leave the camera observables
+enabled (so their clocks run exactly as with per-step rendering) and only make their sensor
+lazy: it renders when the current control step's observation will be sent to the policy (or
+saved to a video) and returns a placeholder otherwise. The images the policy receives are
+therefore byte-identical to per-step rendering (tests/test_render_on_demand.py proves it).
+This relies on robosuite 1.4.0 internals (`Observable._sensor`, `_setup_observables`), which
+the project pins.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from libero_eval.policy.adapters.base import Observation
+from libero_eval.rollout.protocols import EpisodeProtocol
+
+CAMERAS = ("agentview", "robot0_eye_in_hand")
+SETTLE_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
+
+
+@dataclass
+class EnvSettings:
+    """How envs are built and rendered (the `rollout` config section's env part)."""
+
+    camera_size: int = 256
+    render_mode: str = "on_demand"  # or "every_step" (what every peer does)
+    send_privileged_state: bool = False
+    env_seed: int = 0
+    video_stride: int = 0  # >0: also render every Nth step for an episode video
+    mujoco_gl: str = "egl"
+
+
+@dataclass
+class EpisodeSpec:
+    suite: str
+    task_id: int
+    init_state_id: int
+
+
+@dataclass
+class EpisodeOutcome:
+    success_once: bool
+    success_at_end: bool
+    first_success_step: int | None
+    steps: int
+    env_wall_s: float
+    frames: list[np.ndarray] = field(default_factory=list)
+
+
+class _RenderSwitch:
+    wanted = False
+
+
+class _LazyCameraSensor:
+    """A camera sensor that renders only while `switch.wanted` is set."""
+
+    def __init__(self, sensor, switch: _RenderSwitch, shape: tuple[int, int, int]):
+        self._sensor = sensor
+        self._switch = switch
+        self._placeholder = np.zeros(shape, dtype=np.uint8)
+        self.__modality__ = sensor.__modality__
+        self.__name__ = getattr(sensor, "__name__", "camera_rgb")
+
+    def __call__(self, obs_cache):
+        if self._switch.wanted:
+            return self._sensor(obs_cache)
+        return self._placeholder
+
+
+def _dedupe_sys_path() -> None:
+    """Drop sys.path entries that resolve to the same directory.
+
+    Snakemake's script preamble can add site-packages a second time under another name
+    (lib64 -> lib); LIBERO's namespace asset package then sees two roots and refuses to import.
+    """
+    seen: set[str] = set()
+    unique = []
+    for entry in sys.path:
+        key = os.path.realpath(entry) if entry else entry
+        if key not in seen:
+            seen.add(key)
+            unique.append(entry)
+    sys.path[:] = unique
+
+
+def task_bddl_and_language(suite: str, task_id: int) -> tuple[str, str, np.ndarray]:
+    """The task's BDDL file, language and init states from LIBERO's benchmark table."""
+    _dedupe_sys_path()
+    from libero.libero import benchmark, get_libero_path
+
+    task_suite = benchmark.get_benchmark_dict()[suite]()
+    task = task_suite.get_task(task_id)
+    bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+    return bddl, task.language, task_suite.get_task_init_states(task_id)
+
+
+class LiberoEpisodeEnv:
+    """A LIBERO env that runs episodes under an episode protocol."""
+
+    def __init__(self, settings: EnvSettings, protocol: EpisodeProtocol):
+        os.environ.setdefault("MUJOCO_GL", settings.mujoco_gl)
+        if settings.mujoco_gl == "egl":
+            os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
+        self.settings = settings
+        self.protocol = protocol
+        self._env = None
+        self._task: tuple[str, int] | None = None
+        self._switch = _RenderSwitch()
+        self.task_language = ""
+        self._init_states: np.ndarray | None = None
+        # per-episode state
+        self._episode: EpisodeSpec | None = None
+        self._policy_steps = 0
+        self._max_steps = 0
+        self._success_once = False
+        self._first_success: int | None = None
+        self._last_success = False
+        self._t0 = 0.0
+        self._frames: list[np.ndarray] = []
+
+    # -- env lifecycle -------------------------------------------------------------------------
+    def _load(self, suite: str, task_id: int) -> None:
+        if self._task == (suite, task_id):
+            return
+        self.close()
+        _dedupe_sys_path()
+        from libero.libero.envs import OffScreenRenderEnv
+
+        bddl, self.task_language, self._init_states = task_bddl_and_language(suite, task_id)
+        size = self.settings.camera_size
+        self._env = OffScreenRenderEnv(
+            bddl_file_name=bddl, camera_heights=size, camera_widths=size, horizon=100_000
+        )
+        self._env.seed(self.settings.env_seed)
+        if self.settings.render_mode == "on_demand":
+            self._install_lazy_cameras()
+        elif self.settings.render_mode != "every_step":
+            raise ValueError(
+                f"rollout.render_mode: {self.settings.render_mode!r} is not one of "
+                "'on_demand', 'every_step'"
+            )
+        self._task = (suite, task_id)
+
+    def _install_lazy_cameras(self) -> None:
+        inner = self._env.env
+        size = self.settings.camera_size
+        names = {f"{cam}_image" for cam in CAMERAS}
+        switch = self._switch
+
+        def wrap(observables: dict) -> dict:
+            for name in names & observables.keys():
+                observable = observables[name]
+                if not isinstance(observable._sensor, _LazyCameraSensor):
+                    observable._sensor = _LazyCameraSensor(
+                        observable._sensor, switch, (size, size, 3)
+                    )
+            return observables
+
+        wrap(inner._observables)
+        original_setup = inner._setup_observables
+        # Hard resets rebuild the sensors through _setup_observables: keep them lazy.
+        inner._setup_observables = lambda: wrap(original_setup())
+
+    def close(self) -> None:
+        if self._env is not None:
+            # EGL teardown noise must not fail a shard.
+            with contextlib.suppress(Exception):
+                self._env.close()
+        self._env = None
+        self._task = None
+
+    # -- stepping ------------------------------------------------------------------------------
+    def _step(self, action: np.ndarray, render: bool) -> tuple[dict, bool]:
+        self._switch.wanted = render or self.settings.render_mode == "every_step"
+        try:
+            obs, _reward, done, _info = self._env.step(np.asarray(action, dtype=np.float64))
+        finally:
+            self._switch.wanted = False
+        return obs, bool(done)
+
+    def _video_frame_due(self, step_index: int) -> bool:
+        stride = self.settings.video_stride
+        return stride > 0 and step_index % stride == 0
+
+    def _query(self, obs: dict) -> Observation:
+        privileged = None
+        if self.settings.send_privileged_state:
+            from libero_eval.rollout.privileged import privileged_state
+
+            privileged = privileged_state(self._env, obs)
+        return Observation(
+            agentview=np.ascontiguousarray(obs["agentview_image"]),
+            wrist=np.ascontiguousarray(obs["robot0_eye_in_hand_image"]),
+            task_language=self.task_language,
+            privileged_state=privileged,
+        )
+
+    def start_episode(self, spec: EpisodeSpec) -> Observation:
+        """Reset to the spec's init state, run the settle steps, return the first query."""
+        self._t0 = time.perf_counter()
+        self._load(spec.suite, spec.task_id)
+        self._episode = spec
+        self._policy_steps = 0
+        self._max_steps = self.protocol.max_steps_for(spec.suite)
+        self._success_once = False
+        self._first_success = None
+        self._last_success = False
+        self._frames = []
+        self._env.reset()
+        settle = self.protocol.settle_steps
+        self._switch.wanted = settle == 0
+        try:
+            obs = self._env.set_init_state(self._init_states[spec.init_state_id])
+        finally:
+            self._switch.wanted = False
+        for i in range(settle):
+            obs, _ = self._step(SETTLE_ACTION, render=i == settle - 1)
+        self._maybe_keep_frame(obs, force=True)
+        return self._query(obs)
+
+    def _maybe_keep_frame(self, obs: dict, force: bool = False) -> None:
+        if self.settings.video_stride > 0 and (force or self._video_frame_due(self._policy_steps)):
+            self._frames.append(
+                np.concatenate(
+                    [
+                        obs["agentview_image"][::-1, ::-1],
+                        obs["robot0_eye_in_hand_image"][::-1, ::-1],
+                    ],
+                    axis=1,
+                )
+            )
+
+    def step_chunk(self, actions: np.ndarray) -> Observation | EpisodeOutcome:
+        """Execute a chunk of LIBERO actions; the next query, or the outcome at the end."""
+        if self._episode is None:
+            raise RuntimeError("step_chunk called before start_episode")
+        actions = np.asarray(actions, dtype=np.float64)
+        if actions.ndim != 2 or actions.shape[1] != 7 or not np.all(np.isfinite(actions)):
+            raise ValueError(
+                f"policy chunk must be finite float[N, 7] LIBERO actions, got shape "
+                f"{actions.shape} (non-finite: {int((~np.isfinite(actions)).sum())})"
+            )
+        obs = None
+        remaining = self._max_steps - self._policy_steps
+        n = min(len(actions), remaining)
+        for i in range(n):
+            last_in_chunk = i == n - 1
+            step_number = self._policy_steps + 1
+            ends_here = step_number >= self._max_steps
+            render = (last_in_chunk and not ends_here) or self._video_frame_due(step_number)
+            obs, success = self._step(actions[i], render=render)
+            self._policy_steps = step_number
+            self._last_success = success
+            self._maybe_keep_frame(obs)
+            if success and not self._success_once:
+                self._success_once = True
+                self._first_success = self._counted(step_number)
+            if success and self.protocol.stop_at_success:
+                return self._finish()
+        if self._policy_steps >= self._max_steps:
+            return self._finish()
+        return self._query(obs)
+
+    def _counted(self, policy_steps: int) -> int:
+        extra = self.protocol.settle_steps if self.protocol.count_settle_steps else 0
+        return policy_steps + extra
+
+    def _finish(self) -> EpisodeOutcome:
+        outcome = EpisodeOutcome(
+            success_once=self._success_once,
+            success_at_end=self._last_success,
+            first_success_step=self._first_success,
+            steps=self._counted(self._policy_steps),
+            env_wall_s=time.perf_counter() - self._t0,
+            frames=self._frames,
+        )
+        self._episode = None
+        self._frames = []
+        return outcome
+
+    def sim_state(self) -> np.ndarray:
+        return self._env.get_sim_state()
+
+
+# -- worker process ----------------------------------------------------------------------------
+def _worker_main(conn, settings: EnvSettings, protocol: EpisodeProtocol) -> None:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    _exit_with_parent()
+    env = LiberoEpisodeEnv(settings, protocol)
+    while True:
+        try:
+            command, payload = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            break
+        if command == "close":
+            break
+        try:
+            if command == "start":
+                result: Any = env.start_episode(payload)
+            elif command == "chunk":
+                result = env.step_chunk(payload)
+            else:
+                raise ValueError(f"unknown worker command {command!r}")
+            conn.send(("ok", result))
+        except Exception as exc:  # noqa: BLE001 - reported to the shard as the episode's error
+            env.close()  # a failed env may be in any state: rebuild it for the next episode
+            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
+    env.close()
+
+
+def _exit_with_parent() -> None:
+    """Ask Linux to SIGKILL this worker when its parent (the shard process) dies."""
+    try:
+        import ctypes
+        import signal
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort on non-Linux
+        pass
+
+
+class EnvWorker:
+    """A LiberoEpisodeEnv in a child process; requests are asynchronous (send, then poll)."""
+
+    def __init__(self, index: int, settings: EnvSettings, protocol: EpisodeProtocol):
+        self.index = index
+        self.settings = settings
+        self.protocol = protocol
+        self.conn = None
+        self.process = None
+        self.busy = False
+        self.start()
+
+    def start(self) -> None:
+        ctx = mp.get_context("spawn")
+        parent_conn, child_conn = ctx.Pipe()
+        self.process = ctx.Process(
+            target=_worker_main,
+            args=(child_conn, self.settings, self.protocol),
+            name=f"libero-env-{self.index}",
+            daemon=True,
+        )
+        self.process.start()
+        child_conn.close()
+        self.conn = parent_conn
+        self.busy = False
+
+    def send(self, command: str, payload: Any) -> None:
+        self.conn.send((command, payload))
+        self.busy = True
+
+    def receive(self) -> tuple[str, Any]:
+        """The worker's reply; ("died", message) if the process is gone."""
+        try:
+            status, result = self.conn.recv()
+        except (EOFError, OSError):
+            self.process.join(timeout=5)
+            status, result = "died", f"env worker process died (exit code {self.process.exitcode})"
+        self.busy = False
+        return status, result
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        try:
+            if self.process.is_alive():
+                self.conn.send(("close", None))
+                self.process.join(timeout=10)
+        except (OSError, BrokenPipeError):
+            pass
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join(timeout=5)
+        self.conn.close()
+        self.process = None

@@ -1,0 +1,257 @@
+"""Privileged simulator state for scripted experts.
+
+`privileged_state(env, obs)` reads a LIBERO environment and returns a small JSON-serialisable
+dict (lists of floats, strings, booleans; no images) with everything a scripted expert needs
+to plan: the robot end effector and gripper, every object's and fixture's pose and
+axis-aligned bounding box, which objects the gripper pads hold, the articulated joints
+(drawers, doors, knobs) with their world axes and moving-part boxes, the BDDL regions (sites),
+and the task's goal predicates with their current truth values.
+
+Layout (all positions in metres, world frame; quaternions x, y, z, w):
+
+    {
+      "language": str,
+      "goal": [["on", "akita_black_bowl_1", "plate_1"], ...],
+      "goal_satisfied": [bool, ...],            # one per goal predicate
+      "robot": {"eef_pos": [3], "eef_quat": [4], "gripper_qpos": [2]},
+      "objects": {name: {"pos": [3], "quat": [4], "bbox_min": [3], "bbox_max": [3],
+                         "local_bbox_min": [3], "local_bbox_max": [3],  # body frame
+                         "fixture": bool, "grasped": bool, "touched": bool}},
+      "joints": {joint: {"owner": str, "type": "slide" | "hinge", "qpos": float,
+                         "axis": [3], "anchor": [3], "bbox_min": [3], "bbox_max": [3]}},
+      "articulation": {owner: {"default_open_ranges": [..], ...}},
+      "sites": {name: {"pos": [3], "xmat": [9], "size": [3], "parent": str | None,
+                       "joints": [str]}},
+    }
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+_JOINT_TYPE_NAMES = {2: "slide", 3: "hinge"}
+
+
+def _unwrap_libero_env(env: Any) -> Any:
+    """Return the BDDL domain env (the one holding `parsed_problem`) inside LIBERO wrappers."""
+    inner = env
+    for _ in range(5):
+        if hasattr(inner, "parsed_problem") and hasattr(inner, "object_states_dict"):
+            return inner
+        inner = getattr(inner, "env", None)
+        if inner is None:
+            break
+    raise TypeError(
+        f"privileged_state: env of type {type(env).__name__} is not a LIBERO environment "
+        "(expected a libero ControlEnv/OffScreenRenderEnv or its BDDL domain env with "
+        "`parsed_problem` and `object_states_dict`)"
+    )
+
+
+def _floats(values: Any) -> list[float]:
+    return [float(v) for v in np.asarray(values, dtype=np.float64).ravel()]
+
+
+class _GeometryIndex:
+    """Collision-geom lookup for bounding boxes, cached per MuJoCo model."""
+
+    def __init__(self, model: Any):
+        self.model = model
+        collides = (model.geom_contype != 0) | (model.geom_conaffinity != 0)
+        self.collision_geoms = np.flatnonzero(collides)
+        self.geom_body = model.geom_bodyid
+        parents = model.body_parentid
+        # subtree[b] = every body whose ancestor chain contains b
+        self.subtree_geoms: dict[int, np.ndarray] = {}
+        ancestors: list[set[int]] = []
+        for body in range(model.nbody):
+            chain = {body}
+            parent = body
+            while parent != 0:
+                parent = int(parents[parent])
+                chain.add(parent)
+            ancestors.append(chain)
+        self._ancestors = ancestors
+
+    def geoms_under(self, body_id: int) -> np.ndarray:
+        if body_id not in self.subtree_geoms:
+            mask = [
+                body_id in self._ancestors[int(self.geom_body[g])] for g in self.collision_geoms
+            ]
+            self.subtree_geoms[body_id] = self.collision_geoms[np.asarray(mask, dtype=bool)]
+        return self.subtree_geoms[body_id]
+
+    def corners(self, data: Any, geoms: np.ndarray) -> np.ndarray | None:
+        """World corners [N, 3] of the given geoms' own boxes, or None without geoms."""
+        if len(geoms) == 0:
+            return None
+        aabb = np.asarray(self.model.geom_aabb)[geoms]  # center(3), half sizes(3), geom frame
+        signs = np.array(np.meshgrid([-1, 1], [-1, 1], [-1, 1])).T.reshape(-1, 3)
+        corners_local = aabb[:, None, :3] + signs[None] * aabb[:, None, 3:]
+        xmat = np.asarray(data.geom_xmat)[geoms].reshape(-1, 3, 3)
+        xpos = np.asarray(data.geom_xpos)[geoms]
+        corners = np.einsum("gij,gkj->gki", xmat, corners_local) + xpos[:, None, :]
+        return corners.reshape(-1, 3)
+
+
+_GEOMETRY_CACHE: dict[int, _GeometryIndex] = {}
+
+
+def _geometry(model: Any) -> _GeometryIndex:
+    raw = getattr(model, "_model", model)
+    key = id(raw)
+    if key not in _GEOMETRY_CACHE:
+        _GEOMETRY_CACHE.clear()
+        _GEOMETRY_CACHE[key] = _GeometryIndex(raw)
+    return _GEOMETRY_CACHE[key]
+
+
+def _gripper_contacts(inner: Any) -> tuple[set[str], set[str]]:
+    """Names of geoms touching the left and the right finger pad."""
+    sim = inner.sim
+    gripper = inner.robots[0].gripper
+    left = set(gripper.important_geoms["left_fingerpad"]) | set(
+        gripper.important_geoms["left_finger"]
+    )
+    right = set(gripper.important_geoms["right_fingerpad"]) | set(
+        gripper.important_geoms["right_finger"]
+    )
+    touching_left: set[str] = set()
+    touching_right: set[str] = set()
+    for contact in sim.data.contact[: sim.data.ncon]:
+        name1 = sim.model.geom_id2name(contact.geom1)
+        name2 = sim.model.geom_id2name(contact.geom2)
+        for own, other in ((name1, name2), (name2, name1)):
+            if own in left:
+                touching_left.add(other)
+            elif own in right:
+                touching_right.add(other)
+    return touching_left, touching_right
+
+
+def privileged_state(env: Any, obs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Snapshot of the simulator state a scripted expert plans from (see module docstring).
+
+    `env` is a LIBERO env (ControlEnv / OffScreenRenderEnv or the BDDL domain env inside);
+    `obs` is its latest observation dict, used for the `*_pos` / `*_quat` keys when present.
+    """
+    inner = _unwrap_libero_env(env)
+    obs = obs or {}
+    sim = inner.sim
+    data = sim.data
+    model = sim.model
+    geometry = _geometry(model)
+    raw_data = getattr(data, "_data", data)
+
+    def obs_or(key: str, fallback: Any) -> list[float]:
+        return _floats(obs[key]) if key in obs else _floats(fallback)
+
+    goal = [[str(term) for term in predicate] for predicate in inner.parsed_problem["goal_state"]]
+    goal_satisfied = [bool(inner._eval_predicate(predicate)) for predicate in goal]
+
+    eef_site = inner.robots[0].eef_site_id
+    eef_quat_fallback = np.roll(_mat_to_quat_wxyz(data.site_xmat[eef_site].reshape(3, 3)), -1)
+    robot = {
+        "eef_pos": obs_or("robot0_eef_pos", data.site_xpos[eef_site]),
+        "eef_quat": obs_or("robot0_eef_quat", eef_quat_fallback),
+        "gripper_qpos": obs_or(
+            "robot0_gripper_qpos",
+            [data.qpos[i] for i in inner.robots[0]._ref_gripper_joint_pos_indexes],
+        ),
+    }
+
+    touching_left, touching_right = _gripper_contacts(inner)
+    objects: dict[str, Any] = {}
+    joints: dict[str, Any] = {}
+    articulation: dict[str, Any] = {}
+    for name, is_fixture in [(n, False) for n in inner.objects_dict] + [
+        (n, True) for n in inner.fixtures_dict
+    ]:
+        mujoco_object = inner.get_object(name)
+        body_id = inner.obj_body_id[name]
+        xquat_wxyz = np.asarray(data.body_xquat[body_id])
+        contact_geoms = set(mujoco_object.contact_geoms)
+        entry: dict[str, Any] = {
+            "pos": obs_or(f"{name}_pos", data.body_xpos[body_id]),
+            "quat": obs_or(f"{name}_quat", np.roll(xquat_wxyz, -1)),
+            "fixture": is_fixture,
+            "grasped": bool(contact_geoms & touching_left and contact_geoms & touching_right),
+            "touched": bool(contact_geoms & (touching_left | touching_right)),
+        }
+        corners = geometry.corners(raw_data, geometry.geoms_under(body_id))
+        if corners is not None:
+            entry["bbox_min"] = _floats(corners.min(axis=0))
+            entry["bbox_max"] = _floats(corners.max(axis=0))
+            # the same box in the body's own frame (extents along its axes)
+            local = (corners - data.body_xpos[body_id]) @ np.asarray(
+                data.body_xmat[body_id]
+            ).reshape(3, 3)
+            entry["local_bbox_min"] = _floats(local.min(axis=0))
+            entry["local_bbox_max"] = _floats(local.max(axis=0))
+        objects[name] = entry
+
+        properties = getattr(mujoco_object, "object_properties", None) or {}
+        if properties.get("articulation"):
+            articulation[name] = {
+                key: _floats(value) for key, value in properties["articulation"].items()
+            }
+        for joint_name in getattr(mujoco_object, "joints", None) or []:
+            joint_id = model.joint_name2id(joint_name)
+            joint_type = _JOINT_TYPE_NAMES.get(int(model.jnt_type[joint_id]))
+            if joint_type is None:
+                continue  # free joints of movable objects are covered by pos/quat
+            child_body = int(model.jnt_bodyid[joint_id])
+            joint_entry: dict[str, Any] = {
+                "owner": name,
+                "type": joint_type,
+                "qpos": float(data.qpos[model.jnt_qposadr[joint_id]]),
+                "axis": _floats(data.xaxis[joint_id]),
+                "anchor": _floats(data.xanchor[joint_id]),
+            }
+            part = geometry.corners(raw_data, geometry.geoms_under(child_body))
+            if part is not None:
+                joint_entry["bbox_min"] = _floats(part.min(axis=0))
+                joint_entry["bbox_max"] = _floats(part.max(axis=0))
+            joints[joint_name] = joint_entry
+
+    sites: dict[str, Any] = {}
+    for name, site in inner.object_sites_dict.items():
+        try:
+            site_id = model.site_name2id(name)
+        except ValueError:
+            continue
+        sites[name] = {
+            "pos": _floats(data.site_xpos[site_id]),
+            "xmat": _floats(data.site_xmat[site_id]),
+            "size": _floats(site.size) if site.size is not None else [0.0, 0.0, 0.0],
+            "parent": site.parent_name,
+            "joints": [str(j) for j in (site.joints or [])],
+        }
+
+    return {
+        "language": _language(inner.parsed_problem.get("language_instruction", "")),
+        "goal": goal,
+        "goal_satisfied": goal_satisfied,
+        "robot": robot,
+        "objects": objects,
+        "joints": joints,
+        "articulation": articulation,
+        "sites": sites,
+    }
+
+
+def _mat_to_quat_wxyz(matrix: np.ndarray) -> np.ndarray:
+    """Rotation matrix to a unit quaternion (w, x, y, z)."""
+    from scipy.spatial.transform import Rotation
+
+    x, y, z, w = Rotation.from_matrix(matrix).as_quat()
+    return np.array([w, x, y, z])
+
+
+def _language(instruction: Any) -> str:
+    """The BDDL language instruction (parsed as a list of words) as one string."""
+    if isinstance(instruction, list | tuple):
+        return " ".join(str(word) for word in instruction)
+    return str(instruction)

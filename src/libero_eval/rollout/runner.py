@@ -1,0 +1,406 @@
+"""A rollout shard: E LIBERO env workers, batched policy calls, one record per episode.
+
+The loop keeps every env busy: a worker that is waiting for actions holds a ready
+observation; ready observations are grouped by prompt (the server rejects mixed prompts in a
+batch), cut to the server's max batch size and sent on a small pool of HTTP threads; while a
+request is in flight the other workers keep stepping. Each finished episode is written to the
+episode store at once, so a killed shard loses only the episodes in flight.
+"""
+
+from __future__ import annotations
+
+import queue
+import socket
+import sys
+import threading
+import time
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from libero_eval.eventlog import episode_line, log_event
+from libero_eval.plan import Episode
+from libero_eval.policy.adapters import make_adapter
+from libero_eval.policy.adapters.base import Observation, PolicyAdapter
+from libero_eval.policy.client import (
+    PolicyClient,
+    PolicyRequestRejected,
+    PolicyResponseError,
+    PolicyServerUnavailable,
+)
+from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeOutcome, EpisodeSpec
+from libero_eval.rollout.protocols import EpisodeProtocol
+from libero_eval.store import EpisodeStore, write_results
+
+
+class ShardFailed(RuntimeError):
+    """The shard cannot go on (server gone, request rejected); finished episodes are kept."""
+
+
+@dataclass
+class ClientSettings:
+    timeout_s: float = 600.0
+    max_retries: int = 5
+    retry_backoff_s: float = 1.0
+
+
+@dataclass
+class ShardSettings:
+    run_id: str
+    shard: str
+    slot: int
+    seed: int
+    protocol: EpisodeProtocol
+    env: EnvSettings
+    policy_family: str
+    policy_settings: dict[str, Any]
+    client: ClientSettings = field(default_factory=ClientSettings)
+    envs_per_shard: int = 2
+    max_inflight_requests: int = 1
+    health_timeout_s: float = 900.0
+    max_episode_attempts: int = 2  # an episode whose env worker dies is retried once
+    event_log: Path | None = None
+    video_dir: Path | None = None
+
+
+@dataclass
+class _Running:
+    """Bookkeeping of the episode a worker is running."""
+
+    episode: Episode
+    started: float
+    attempt: int = 1
+    latencies: list[float] = field(default_factory=list)
+    task_language: str = ""
+
+
+def _record(
+    settings: ShardSettings,
+    episode: Episode,
+    running: _Running | None,
+    url: str | None,
+    outcome: EpisodeOutcome | None = None,
+    error: str | None = None,
+    video_path: str | None = None,
+) -> dict[str, Any]:
+    latencies = np.asarray(running.latencies if running else [], dtype=float)
+    has_latency = latencies.size > 0
+    return {
+        "run_id": settings.run_id,
+        "suite": episode.suite,
+        "task_id": episode.task_id,
+        "task_language": running.task_language if running else None,
+        "init_state_id": episode.init_state_id,
+        "seed": settings.seed,
+        "protocol": settings.protocol.name,
+        "success_once": bool(outcome and outcome.success_once),
+        "success_at_end": bool(outcome and outcome.success_at_end),
+        "first_success_step": outcome.first_success_step if outcome else None,
+        "steps": outcome.steps if outcome else 0,
+        "policy_calls": int(latencies.size),
+        "policy_latency_mean_s": float(latencies.mean()) if has_latency else None,
+        "policy_latency_p50_s": float(np.percentile(latencies, 50)) if has_latency else None,
+        "policy_latency_p95_s": float(np.percentile(latencies, 95)) if has_latency else None,
+        "wall_time_s": time.perf_counter() - running.started if running else 0.0,
+        "server_slot": settings.slot,
+        "server_url": url,
+        "shard": settings.shard,
+        "finished_at": time.time(),
+        "video_path": video_path,
+        "error": error,
+    }
+
+
+def _save_video(frames: list[np.ndarray], video_dir: Path, episode: Episode, success: bool) -> str:
+    """Write an episode video under a unique name (never overwritten: suite/task/trial)."""
+    import imageio.v3 as iio
+
+    tag = "success" if success else "failure"
+    path = (
+        video_dir
+        / episode.suite
+        / f"task{episode.task_id:02d}_init{episode.init_state_id:02d}_{tag}.mp4"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    iio.imwrite(path, np.stack(frames), fps=10, codec="libx264")
+    return str(path)
+
+
+class ShardRunner:
+    """Runs one shard's episodes against one policy server."""
+
+    def __init__(
+        self,
+        settings: ShardSettings,
+        store: EpisodeStore,
+        server_url: str,
+        adapter: PolicyAdapter | None = None,
+        progress: Callable[[int, int, int], None] | None = None,
+        max_batch_size: int = 1,
+    ):
+        self.settings = settings
+        self.max_batch_size = max_batch_size
+        self.store = store
+        self.url = server_url
+        self.adapter = adapter or make_adapter(settings.policy_family, settings.policy_settings)
+        self.progress = progress
+        self._local = threading.local()
+        self._clients: list[PolicyClient] = []
+        self._clients_lock = threading.Lock()
+        self._done_queue: queue.Queue = queue.Queue()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+
+    # -- policy calls (on HTTP threads) ----------------------------------------------------------
+    def _client(self) -> PolicyClient:
+        client = getattr(self._local, "client", None)
+        if client is None:
+            c = self.settings.client
+            client = PolicyClient(
+                self.url,
+                timeout_s=c.timeout_s,
+                max_retries=c.max_retries,
+                retry_backoff_s=c.retry_backoff_s,
+                transport=getattr(self.adapter, "wire_format", "msgpack"),
+            )
+            self._local.client = client
+            with self._clients_lock:
+                self._clients.append(client)
+        return client
+
+    def _call_policy(self, batch: list[tuple[int, Observation]]) -> None:
+        observations = [obs for _, obs in batch]
+        started = time.monotonic()
+        try:
+            payload = self.adapter.build_request(observations, request_id=uuid.uuid4().hex)
+            response = self._client().generate(payload)
+            actions = self.adapter.parse_response(response, len(observations))
+            result: Any = ("ok", actions, time.monotonic() - started)
+        except Exception as exc:  # noqa: BLE001 - handed to the main loop to decide
+            result = ("error", exc, time.monotonic() - started)
+        self._done_queue.put((batch, result))
+        self._wake_writer.send(b"x")
+
+    # -- main loop -----------------------------------------------------------------------------
+    def run(self, episodes: Sequence[Episode]) -> list[dict[str, Any]]:
+        """Run the episodes not yet in the store; return all records in plan order."""
+        s = self.settings
+        finished = self.store.finished(episodes)
+        pending = [ep for ep in episodes if ep not in finished]
+        log_event(
+            s.event_log,
+            f"rollout {s.shard}",
+            f"rank {s.shard} -> {self.url} ({len(pending)} to run, {len(finished)} already "
+            f"finished, {min(s.envs_per_shard, len(pending))} envs)",
+        )
+        if pending:
+            self._run_pending(pending, done_before=len(finished), total=len(episodes))
+        records = []
+        for episode in episodes:
+            record = self.store.load(episode)
+            if record is None:
+                raise ShardFailed(f"{s.shard}: episode {episode.key} has no record after the run")
+            records.append(record)
+        return records
+
+    def _run_pending(self, pending: list[Episode], done_before: int, total: int) -> None:
+        s = self.settings
+        todo = list(pending)
+        workers = [
+            EnvWorker(i, s.env, s.protocol) for i in range(min(s.envs_per_shard, len(pending)))
+        ]
+        running: dict[int, _Running] = {}
+        ready: list[tuple[int, Observation]] = []
+        inflight = 0
+        done = done_before
+        successes = 0
+        executor = ThreadPoolExecutor(
+            max_workers=s.max_inflight_requests, thread_name_prefix="policy"
+        )
+        fatal: BaseException | None = None
+
+        def next_episode_for(worker: EnvWorker) -> Episode | None:
+            if not todo:
+                return None
+            # Prefer the task the worker already has loaded (saves an env rebuild).
+            current = running.get(worker.index)
+            for i, ep in enumerate(todo):
+                if current and (ep.suite, ep.task_id) == (
+                    current.episode.suite,
+                    current.episode.task_id,
+                ):
+                    return todo.pop(i)
+            return todo.pop(0)
+
+        def start(worker: EnvWorker, episode: Episode, attempt: int = 1) -> None:
+            running[worker.index] = _Running(episode, time.perf_counter(), attempt)
+            worker.send("start", EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id))
+
+        def finish(worker: EnvWorker, record: dict[str, Any]) -> None:
+            nonlocal done, successes
+            episode = running[worker.index].episode
+            self.store.write(episode, record)
+            done += 1
+            successes += int(record["success_once"])
+            line = episode_line(
+                episode.task_id,
+                episode.init_state_id,
+                record["success_once"],
+                episode.suite,
+                record["steps"],
+            )
+            if record["error"]:
+                line += f", error={record['error'].splitlines()[0]}"
+            log_event(s.event_log, f"rollout {s.shard}", line)
+            if self.progress:
+                self.progress(done, total, successes)
+            following = next_episode_for(worker)
+            del running[worker.index]
+            if following is not None:
+                start(worker, following)
+
+        def fail_episode(worker: EnvWorker, message: str) -> None:
+            info = running[worker.index]
+            finish(worker, _record(s, info.episode, info, self.url, error=message))
+
+        try:
+            for worker in workers:
+                start(worker, todo.pop(0))
+            while running:
+                conns = [w.conn for w in workers if w.busy]
+                for ready_obj in wait([*conns, self._wake_reader], timeout=1.0):
+                    if ready_obj is self._wake_reader:
+                        continue
+                    worker = next(w for w in workers if w.conn is ready_obj)
+                    status, result = worker.receive()
+                    info = running[worker.index]
+                    if status == "died":
+                        worker.restart()
+                        if info.attempt < s.max_episode_attempts:
+                            print(
+                                f"[{s.shard}] {result}; retrying {info.episode.key}",
+                                file=sys.stderr,
+                            )
+                            start(worker, info.episode, info.attempt + 1)
+                        else:
+                            fail_episode(worker, result)
+                    elif status == "error":
+                        fail_episode(worker, result)
+                    elif isinstance(result, EpisodeOutcome):
+                        video = None
+                        if s.video_dir is not None and result.frames:
+                            video = _save_video(
+                                result.frames, s.video_dir, info.episode, result.success_once
+                            )
+                        finish(
+                            worker,
+                            _record(s, info.episode, info, self.url, result, video_path=video),
+                        )
+                    else:
+                        info.task_language = result.task_language
+                        ready.append((worker.index, result))
+                # HTTP completions
+                try:
+                    while True:
+                        self._wake_reader.recv(4096)
+                except BlockingIOError:
+                    pass
+                while True:
+                    try:
+                        batch, (status, value, latency) = self._done_queue.get_nowait()
+                    except queue.Empty:
+                        break
+                    inflight -= 1
+                    if status == "error" and isinstance(
+                        value, PolicyRequestRejected | PolicyServerUnavailable
+                    ):
+                        raise ShardFailed(
+                            f"{s.shard}: policy server {self.url} failed: {value}"
+                        ) from value
+                    for position, (index, _obs) in enumerate(batch):
+                        worker = workers[index]
+                        running[index].latencies.append(latency)
+                        if status == "error":
+                            kind = (
+                                "bad policy response"
+                                if isinstance(value, PolicyResponseError)
+                                else type(value).__name__
+                            )
+                            fail_episode(worker, f"{kind}: {value}")
+                        else:
+                            worker.send("chunk", value[position])
+                # Send what is ready, grouped by prompt, while request slots are free.
+                while ready and inflight < s.max_inflight_requests:
+                    batch = self._take_batch(ready)
+                    inflight += 1
+                    executor.submit(self._call_policy, batch)
+        except BaseException as exc:
+            fatal = exc
+            raise
+        finally:
+            executor.shutdown(wait=fatal is None, cancel_futures=True)
+            for worker in workers:
+                worker.stop()
+            for client in self._clients:
+                client.close()
+
+    def _take_batch(self, ready: list[tuple[int, Observation]]) -> list[tuple[int, Observation]]:
+        """The oldest prompt group among ready observations, up to the max batch size."""
+        groups: dict[str, list[int]] = defaultdict(list)
+        for position, (_, obs) in enumerate(ready):
+            groups[self.adapter.prompt_key(obs)].append(position)
+        first_key = self.adapter.prompt_key(ready[0][1])
+        chosen = groups[first_key][: self.max_batch_size]
+        batch = [ready[i] for i in chosen]
+        for i in sorted(chosen, reverse=True):
+            del ready[i]
+        return batch
+
+
+def run_shard(
+    episodes: Sequence[Episode],
+    settings: ShardSettings,
+    store: EpisodeStore,
+    server_url: str,
+    output_path: Path | str,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Run a shard end to end: wait for the server, run what is missing, write the Parquet."""
+    pending = [ep for ep in episodes if ep not in store.finished(episodes)]
+    max_batch = 1
+    if pending:
+        probe = PolicyClient(server_url, timeout_s=30, max_retries=settings.client.max_retries)
+        try:
+            probe.wait_until_healthy(settings.health_timeout_s)
+            max_batch = probe.max_batch_size()
+        finally:
+            probe.close()
+    bar = None
+    if progress and pending:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(episodes), initial=len(episodes) - len(pending), desc=settings.shard)
+
+    def on_progress(done: int, total: int, successes: int) -> None:
+        if bar is not None:
+            bar.n = done
+            bar.set_postfix(success=f"{successes}/{done - (len(episodes) - len(pending))}")
+            bar.refresh()
+
+    runner = ShardRunner(
+        settings, store, server_url, progress=on_progress, max_batch_size=max_batch
+    )
+    try:
+        records = runner.run(episodes)
+    finally:
+        if bar is not None:
+            bar.close()
+    write_results(records, output_path)
+    return records

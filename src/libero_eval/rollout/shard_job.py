@@ -1,0 +1,78 @@
+"""A rollout job as the workflow runs it: config → settings → wait for the server → shard."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from libero_eval.eventlog import log_event
+from libero_eval.plan import Episode
+from libero_eval.rollout.env_worker import EnvSettings
+from libero_eval.rollout.protocols import get_protocol
+from libero_eval.rollout.runner import ClientSettings, ShardFailed, ShardSettings, run_shard
+from libero_eval.servers.launcher import ServiceUnavailableError, wait_for_service
+from libero_eval.store import EpisodeStore
+
+
+def shard_settings(
+    config: dict[str, Any], shard: str, slot: int, envs: int, event_log: Path | None
+) -> ShardSettings:
+    policy, rollout = config["policy"], config["rollout"]
+    videos = rollout["videos"]
+    run_id = config["run_id"]
+    return ShardSettings(
+        run_id=run_id,
+        shard=shard,
+        slot=slot,
+        seed=config["plan"]["seed"],
+        protocol=get_protocol(rollout["protocol"], rollout["max_steps"]),
+        env=EnvSettings(
+            camera_size=rollout["camera_size"],
+            render_mode=rollout["render_mode"],
+            send_privileged_state=rollout["send_privileged_state"],
+            env_seed=config["plan"]["seed"],
+            video_stride=videos["frame_stride"] if videos["enabled"] else 0,
+            mujoco_gl=rollout["mujoco_gl"],
+        ),
+        policy_family=policy["family"],
+        policy_settings=dict(policy),
+        client=ClientSettings(
+            timeout_s=policy["http_timeout_s"],
+            max_retries=policy["http_max_retries"],
+            retry_backoff_s=policy["http_retry_backoff_s"],
+        ),
+        envs_per_shard=max(1, envs),
+        max_inflight_requests=rollout["max_inflight_requests"],
+        health_timeout_s=config["server"]["health_timeout_s"],
+        event_log=event_log,
+        video_dir=Path("results", run_id, "videos") if videos["enabled"] else None,
+    )
+
+
+def run_shard_job(
+    config: dict[str, Any],
+    shard: str,
+    episodes: list[Episode],
+    service_file: Path,
+    output: Path,
+    store_root: Path,
+    event_log: Path | None,
+    envs: int,
+) -> None:
+    slot = int(service_file.stem.removeprefix("slot"))
+    settings = shard_settings(config, shard, slot, envs, event_log)
+    store = EpisodeStore(store_root)
+    url = ""
+    try:
+        if any(ep not in store.finished(episodes) for ep in episodes):
+            serve_log = Path("logs", settings.run_id, "serve", f"slot{slot}.log")
+            service = wait_for_service(
+                service_file, timeout_s=settings.health_timeout_s, log_path=serve_log
+            )
+            url = service["url"]
+        run_shard(episodes, settings, store, url, output)
+    except (ShardFailed, ServiceUnavailableError) as exc:
+        log_event(event_log, f"rollout {shard}", f"FAILED: {exc}")
+        print(f"{exc}\nFinished episodes are kept in {store_root}; rerun to resume.", file=sys.stderr)
+        raise SystemExit(1) from exc

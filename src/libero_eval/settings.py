@@ -1,0 +1,196 @@
+"""From a validated config dict to what each job needs, plus the checks a schema cannot make.
+
+The workflow validates the config against `config/schema.yaml` (which also fills defaults)
+and then calls `check_config`; every error names the config field and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from libero_eval.plan import Shard, make_shards, plan_episodes
+from libero_eval.rollout.protocols import get_protocol
+from libero_eval.store import fingerprint
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work; the message names the field and the fix."""
+
+
+def check_config(config: dict[str, Any]) -> None:
+    """Cross-field and filesystem checks (after JSON-schema validation with defaults)."""
+    from libero_eval.policy.actions import load_action_stats, stats_block_for
+
+    policy, rollout, server = config["policy"], config["rollout"], config["server"]
+    if policy["raw_action_dim"] != 10:
+        raise ConfigError(
+            f"policy.raw_action_dim is {policy['raw_action_dim']}; Cosmos3 LIBERO actions have "
+            "10 channels [dxyz, rot6d, gripper]: set it to 10"
+        )
+    if policy["action_dim"] != 7:
+        raise ConfigError(
+            f"policy.action_dim is {policy['action_dim']}; LIBERO actions are 7-D: set it to 7"
+        )
+    chunks, frames = policy["num_action_chunks"], policy["num_frames"]
+    if frames != chunks + 1:
+        raise ConfigError(
+            f"policy.num_frames ({frames}) must equal policy.num_action_chunks + 1 "
+            f"({chunks + 1}); Cosmos3 predicts num_frames - 1 actions"
+        )
+    if (frames - 1) % 4:
+        raise ConfigError(
+            f"policy.num_frames ({frames}) must be 4k + 1 for Cosmos3's temporal VAE, e.g. 17"
+        )
+    protocol = get_protocol(rollout["protocol"], rollout["max_steps"])
+    if not protocol.stop_at_success:
+        for suite in config["plan"]["suites"]:
+            max_steps = protocol.max_steps_for(suite)
+            if max_steps % chunks:
+                raise ConfigError(
+                    f"rollout.max_steps ({max_steps} for {suite} under protocol "
+                    f"{protocol.name}) must be a multiple of policy.num_action_chunks ({chunks})"
+                )
+    stats_path = Path(policy["action_stats_path"])
+    if not stats_path.is_file():
+        raise ConfigError(
+            f"policy.action_stats_path: {stats_path} does not exist (relative paths start at "
+            f"{Path.cwd()}); point it at a Cosmos3 action-stats JSON such as "
+            "config/stats/libero_native_frame_wise_relative_rot6d.json"
+        )
+    try:
+        load_action_stats(stats_path, stats_block_for(policy["normalization"]))
+    except ValueError as exc:
+        raise ConfigError(f"policy.action_stats_path: {exc}") from exc
+    num_shards = server["num_slots"] * rollout["shards_per_slot"]
+    total_envs = rollout["total_num_envs"]
+    if total_envs is not None and total_envs % num_shards:
+        raise ConfigError(
+            f"rollout.total_num_envs ({total_envs}) must split evenly over the "
+            f"{num_shards} shards (server.num_slots x rollout.shards_per_slot)"
+        )
+    gpu_ids = server["gpu_ids"]
+    if gpu_ids is not None and len(gpu_ids) < server["num_slots"]:
+        raise ConfigError(
+            f"server.gpu_ids lists {len(gpu_ids)} devices for {server['num_slots']} slots: "
+            "give one device index per slot, or null"
+        )
+    if server["backend"] == "sglang":
+        model_path = server["sglang"]["model_path"]
+        if not model_path:
+            raise ConfigError(
+                "server.sglang.model_path is not set: point it at the converted Cosmos3 "
+                "model_diffusers/ directory"
+            )
+        if not (Path(model_path) / "model_index.json").is_file():
+            raise ConfigError(
+                f"server.sglang.model_path: {model_path} has no model_index.json; it must be the "
+                "converted Cosmos3 diffusers directory (model_index.json, text_tokenizer/, ...)"
+            )
+        if rollout["send_privileged_state"]:
+            raise ConfigError(
+                "rollout.send_privileged_state is only for the reference server's scripted "
+                "expert; set it to false with server.backend sglang"
+            )
+    elif server["reference"]["policy"] == "scripted" and not rollout["send_privileged_state"]:
+        raise ConfigError(
+            "server.reference.policy scripted plans from privileged state: set "
+            "rollout.send_privileged_state: true (or use policy hold)"
+        )
+
+
+def shards(config: dict[str, Any]) -> list[Shard]:
+    plan = config["plan"]
+    episodes = plan_episodes(
+        plan["suites"], plan["task_ids"], plan["init_state_ids"], plan["num_trials_per_task"]
+    )
+    return make_shards(
+        episodes, config["server"]["num_slots"], config["rollout"]["shards_per_slot"]
+    )
+
+
+def envs_per_shard(config: dict[str, Any]) -> int:
+    rollout = config["rollout"]
+    if rollout["total_num_envs"] is None:
+        return rollout["envs_per_shard"]
+    return rollout["total_num_envs"] // (config["server"]["num_slots"] * rollout["shards_per_slot"])
+
+
+def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The server-side settings that change actions (part of the rollout fingerprint)."""
+    server = config["server"]
+    if server["backend"] == "reference":
+        reference = server["reference"]
+        return {"backend": "reference", "policy": reference["policy"]}
+    sglang = server["sglang"]
+    return {
+        "backend": "sglang",
+        "model_path": str(Path(sglang["model_path"]).resolve()),
+        "pipeline_class_name": sglang["pipeline_class_name"],
+    }
+
+
+def rollout_fingerprint(config: dict[str, Any]) -> str:
+    """Hash of every setting that changes an episode's outcome (not throughput knobs)."""
+    rollout = dict(config["rollout"])
+    for knob in (
+        "envs_per_shard",
+        "total_num_envs",
+        "shards_per_slot",
+        "max_inflight_requests",
+        "render_mode",  # byte-identical by construction and by test
+        "mem_mb_per_env",
+        "runtime_min",
+        "videos",
+    ):
+        rollout.pop(knob, None)
+    policy = {
+        k: v
+        for k, v in config["policy"].items()
+        if not k.startswith("http_") and k not in ("transport", "response_format")
+    }
+    stats = Path(policy["action_stats_path"])
+    if stats.is_file():
+        import hashlib
+
+        policy["action_stats_path"] = hashlib.sha256(stats.read_bytes()).hexdigest()
+    return fingerprint(
+        {
+            "seed": config["plan"]["seed"],
+            "policy": policy,
+            "rollout": rollout,
+            "server": server_policy_settings(config),
+        }
+    )
+
+
+def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
+    """Settings of slot `slot`'s server, for `libero_eval.servers.launch`."""
+    server = config["server"]
+    gpu_id = None
+    if server["gpu_ids"] is not None:
+        gpu_id = server["gpu_ids"][slot]
+    elif server["backend"] == "sglang" and "SLURM_JOB_ID" not in os.environ:
+        gpu_id = slot  # locally nothing assigns GPUs: pin slot k to device k
+    reference = server["reference"]
+    return {
+        "backend": server["backend"],
+        "slot": slot,
+        "host": server["host"],
+        "port": server["port"] + slot if server["port"] else 0,
+        "health_timeout_s": server["health_timeout_s"],
+        "teardown_grace_s": server["teardown_grace_s"],
+        "gpu_id": gpu_id,
+        "reference": {
+            "policy": reference["policy"],
+            "action_stats_path": config["policy"]["action_stats_path"],
+            "normalization": config["policy"]["normalization"],
+            "max_batch_size": reference["max_batch_size"],
+            "padded_action_dim": reference["padded_action_dim"],
+            "latency_fixed_s": reference["latency_fixed_s"],
+            "latency_per_item_s": reference["latency_per_item_s"],
+            "model_name": f"reference-{reference['policy']}",
+        },
+        "sglang": dict(server["sglang"]),
+    }

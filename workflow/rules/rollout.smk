@@ -1,0 +1,20 @@
+rule rollout:
+    input:
+        server=get_server_of_shard,
+    output:
+        "results/{run}/shards/{shard}.parquet",
+    log:
+        "logs/{run}/rollout/{shard}.log",
+    params:
+        episodes=get_shard_episodes,
+        fingerprint=FINGERPRINT,
+        store=f"results/{RUN}/episodes/{FINGERPRINT}",
+        event_log=EVENT_LOG,
+    threads: get_envs_per_shard
+    resources:
+        mem_mb=lambda wc, attempt: get_envs_per_shard()
+        * config["rollout"]["mem_mb_per_env"]
+        * attempt,
+        runtime=lambda wc, attempt: config["rollout"]["runtime_min"] * attempt,
+    script:
+        "../scripts/rollout.py"

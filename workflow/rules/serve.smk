@@ -1,0 +1,14 @@
+rule serve:
+    output:
+        service("results/{run}/servers/slot{slot}.json"),
+    log:
+        "logs/{run}/serve/slot{slot}.log",
+    params:
+        settings=get_server_settings,
+        event_log=EVENT_LOG,
+    threads: 0
+    resources:
+        gpu=lambda wc: 1 if config["server"]["backend"] == "sglang" else 0,
+    shell:
+        "exec {PYTHON} -m libero_eval.servers.launch --settings {params.settings:q}"
+        " --service-file {output} --event-log {params.event_log} > {log} 2>&1"

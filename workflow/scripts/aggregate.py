@@ -1,0 +1,18 @@
+"""Aggregate shard results into per-task / per-suite / overall success tables."""
+
+import os
+
+from libero_eval.aggregate import write_summary
+
+snakemake = snakemake  # noqa: F821 - injected by Snakemake
+with open(snakemake.log[0], "w") as log:
+    os.dup2(log.fileno(), 2)
+    write_summary(
+        shard_paths=snakemake.input.shards,
+        plan_path=snakemake.input.plan,
+        outputs=dict(snakemake.output.items()),
+        run_id=snakemake.params.run_id,
+        confidence=snakemake.params.report["confidence_level"],
+        decimals=snakemake.params.report["decimals"],
+        event_log=snakemake.params.event_log,
+    )
