@@ -1,0 +1,359 @@
+"""Cosmos3 (SGLang action API, LIBERO domain) adapter.
+
+Request: SGLang's envelope ``{"request_id", "input", "parameters", "runtime"}`` with every
+Cosmos3 parameter explicit, because the server's defaults (fps 5, 832x480, 35 steps, seed 42)
+differ from the LIBERO training recipe. Parameter choices, checked against SGLang 0.5.23
+``entrypoints/action/cosmos3.py``:
+
+- ``num_frames`` and ``action_horizon = num_frames - 1`` are both sent; the server requires
+  ``num_frames == action_horizon + 1`` and ``(num_frames - 1) % 4 == 0``.
+- ``domain_name`` and ``raw_action_dim`` are sent (LIBERO has no default action width).
+- ``action_normalization`` is NOT sent, like RLinf's Cosmos3 client: the server only uses it
+  when its own pipeline config sets ``action_stats_path`` (default None), in which case it
+  would de-normalize server-side and this adapter's de-normalization would be applied twice.
+  Serve Cosmos3 without a server-side stats path; the client owns de-normalization.
+- ``guidance_scale`` is sent only when configured (the server default is 1.0).
+
+Response: the per-input envelope (``data[i].action.values``, ``[H, D]``, ordered by
+``input_index``) or the raw form (``actions``, ``[B, H, D]``); D may be padded beyond
+``raw_action_dim``.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from PIL import Image
+
+from libero_eval.policy import actions as action_math
+from libero_eval.policy.adapters.base import Observation, PolicyAdapter
+from libero_eval.policy.client import PolicyResponseError
+
+REQUIRED_SETTINGS = (
+    "action_mode",
+    "raw_action_dim",
+    "action_dim",
+    "num_action_chunks",
+    "num_frames",
+    "fps",
+    "action_fps",
+    "action_view_point",
+    "num_inference_steps",
+    "size",
+    "seed",
+    "domain_name",
+    "action_stats_path",
+    "normalization",
+    "gripper_mapping",
+    "orthonormalization",
+    "transport",
+    "response_format",
+)
+CHOICES = {
+    "action_mode": ("policy",),
+    "normalization": tuple(action_math.NORMALIZATION_BLOCKS),
+    "gripper_mapping": action_math.GRIPPER_MAPPINGS,
+    "orthonormalization": action_math.ORTHONORMALIZATIONS,
+    "transport": ("msgpack", "png_base64"),
+    "response_format": ("envelope", "raw"),
+}
+
+
+def _setting_int(settings: dict[str, Any], key: str, minimum: int) -> int:
+    value = settings[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"policy.{key} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def _setting_float(settings: dict[str, Any], key: str) -> float:
+    value = settings[key]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
+        raise ValueError(f"policy.{key} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _setting_str(settings: dict[str, Any], key: str) -> str:
+    value = settings[key]
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"policy.{key} must be a non-empty string, got {value!r}")
+    allowed = CHOICES.get(key)
+    if allowed is not None and value not in allowed:
+        raise ValueError(f"policy.{key} must be one of {list(allowed)}, got {value!r}")
+    return value
+
+
+def _parse_size(value: Any) -> tuple[int, int]:
+    """``"WxH"`` -> (width, height)."""
+    try:
+        width_text, height_text = str(value).lower().split("x")
+        width, height = int(width_text), int(height_text)
+    except ValueError:
+        raise ValueError(
+            f"policy.size must be 'WIDTHxHEIGHT' such as '320x192', got {value!r}"
+        ) from None
+    if width < 1 or height < 1:
+        raise ValueError(f"policy.size must be positive, got {value!r}")
+    return width, height
+
+
+def _png_base64(image: np.ndarray) -> str:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+class Cosmos3Adapter(PolicyAdapter):
+    """Cosmos3 policy mode on LIBERO: two cameras -> one concatenated image + prompt; normalized
+    ``[dxyz, rot6d, gripper]`` chunks -> LIBERO 7-D actions."""
+
+    family: ClassVar[str] = "cosmos3"
+
+    def __init__(self, settings: dict[str, Any]):
+        if not isinstance(settings, dict):
+            raise ValueError(f"policy settings must be a mapping, got {type(settings).__name__}")
+        missing = [key for key in REQUIRED_SETTINGS if key not in settings]
+        if missing:
+            raise ValueError(
+                "Cosmos3 policy settings are missing "
+                + ", ".join(f"policy.{key}" for key in missing)
+                + "; set them in the config (see the LIBERO reference settings)"
+            )
+        self.action_mode = _setting_str(settings, "action_mode")
+        self.raw_action_dim = _setting_int(settings, "raw_action_dim", 1)
+        if self.raw_action_dim != action_math.MODEL_ACTION_DIM:
+            raise ValueError(
+                f"policy.raw_action_dim must be {action_math.MODEL_ACTION_DIM} "
+                f"([dxyz, rot6d, gripper]), got {self.raw_action_dim}"
+            )
+        self.action_dim = _setting_int(settings, "action_dim", 1)
+        if self.action_dim != action_math.LIBERO_ACTION_DIM:
+            raise ValueError(
+                f"policy.action_dim must be {action_math.LIBERO_ACTION_DIM} (LIBERO's action), "
+                f"got {self.action_dim}"
+            )
+        self.num_action_chunks = _setting_int(settings, "num_action_chunks", 1)
+        self.num_frames = _setting_int(settings, "num_frames", 2)
+        if (self.num_frames - 1) % 4 != 0:
+            raise ValueError(
+                f"policy.num_frames must be 4k + 1 (Cosmos3 requires (num_frames - 1) % 4 == 0), "
+                f"got {self.num_frames}; LIBERO uses 17"
+            )
+        self.fps = _setting_int(settings, "fps", 1)
+        self.action_fps = _setting_float(settings, "action_fps")
+        self.action_view_point = _setting_str(settings, "action_view_point")
+        self.num_inference_steps = _setting_int(settings, "num_inference_steps", 1)
+        self.width, self.height = _parse_size(settings["size"])
+        self.seed = _setting_int(settings, "seed", 0)
+        self.domain_name = _setting_str(settings, "domain_name")
+        self.guidance_scale = (
+            None
+            if settings.get("guidance_scale") is None
+            else _setting_float(settings, "guidance_scale")
+        )
+        self.normalization = _setting_str(settings, "normalization")
+        self.gripper_mapping = _setting_str(settings, "gripper_mapping")
+        self.orthonormalization = _setting_str(settings, "orthonormalization")
+        self.transport = _setting_str(settings, "transport")
+        self.response_format = _setting_str(settings, "response_format")
+        self.wire_format = "msgpack" if self.transport == "msgpack" else "json"
+        stats_path = settings["action_stats_path"]
+        if not isinstance(stats_path, str | Path) or not str(stats_path):
+            raise ValueError(f"policy.action_stats_path must be a file path, got {stats_path!r}")
+        self.stats = action_math.load_action_stats(
+            stats_path, action_math.stats_block_for(self.normalization), self.raw_action_dim
+        )
+        self.stats_sha256 = hashlib.sha256(self.stats.source.read_bytes()).hexdigest()
+
+    # ---------------------------------------------------------------- requests
+
+    def prompt_key(self, obs: Observation) -> str:
+        return action_math.augment_prompt(obs.task_language)
+
+    def parameters(self) -> dict[str, Any]:
+        """The ``parameters`` block sent with every request."""
+        parameters: dict[str, Any] = {
+            "action_mode": self.action_mode,
+            "num_frames": self.num_frames,
+            "action_horizon": self.num_frames - 1,
+            "domain_name": self.domain_name,
+            "raw_action_dim": self.raw_action_dim,
+            "action_fps": self.action_fps,
+            "fps": self.fps,
+            "action_view_point": self.action_view_point,
+            "num_inference_steps": self.num_inference_steps,
+            "height": self.height,
+            "width": self.width,
+            "seed": self.seed,
+        }
+        if self.guidance_scale is not None:
+            parameters["guidance_scale"] = self.guidance_scale
+        return parameters
+
+    def build_request(self, observations: list[Observation], request_id: str) -> dict[str, Any]:
+        if not observations:
+            raise ValueError("Cosmos3 request needs at least one observation")
+        prompts = [self.prompt_key(obs) for obs in observations]
+        images = [
+            action_math.preprocess_observation_image(
+                obs.agentview, obs.wrist, width=self.width, height=self.height
+            )
+            for obs in observations
+        ]
+        references: list[Any] = (
+            images
+            if self.transport == "msgpack"
+            else [{"b64_json": _png_base64(image)} for image in images]
+        )
+        input_block: dict[str, Any] = {
+            "prompt": prompts[0] if len(set(prompts)) == 1 else prompts,
+            "input_reference": references,
+        }
+        states = [obs.privileged_state for obs in observations]
+        if any(state is not None for state in states):
+            if any(state is None for state in states):
+                raise ValueError(
+                    "privileged_state must be set on all observations of a batch or on none "
+                    "(rollout.send_privileged_state)"
+                )
+            input_block["privileged_state"] = states
+        return {
+            "request_id": request_id,
+            "input": input_block,
+            "parameters": self.parameters(),
+            "runtime": {
+                "response_format": self.response_format,
+                "output_format": "numpy" if self.transport == "msgpack" else "list",
+            },
+        }
+
+    # ---------------------------------------------------------------- responses
+
+    def _model_chunks(self, response: dict[str, Any], batch_size: int) -> list[np.ndarray]:
+        if not isinstance(response, dict):
+            raise PolicyResponseError(
+                f"Cosmos3 response must be an object, got {type(response).__name__}"
+            )
+        if "data" in response:
+            return self._envelope_chunks(response["data"], batch_size)
+        if "actions" in response:
+            actions = self._as_float_array(response["actions"], "actions")
+            if actions.ndim == 2 and batch_size == 1:
+                actions = actions[None]
+            if actions.ndim != 3 or actions.shape[0] != batch_size:
+                raise PolicyResponseError(
+                    f"Cosmos3 raw response 'actions' must have shape [B={batch_size}, H, D], "
+                    f"got {actions.shape}"
+                )
+            return list(actions)
+        raise PolicyResponseError(
+            "Cosmos3 response has neither 'data' (envelope) nor 'actions' (raw); got keys "
+            f"{sorted(response)}. Check policy.response_format matches the server"
+        )
+
+    def _envelope_chunks(self, data: Any, batch_size: int) -> list[np.ndarray]:
+        if not isinstance(data, list) or not data:
+            raise PolicyResponseError(
+                f"Cosmos3 response 'data' must be a non-empty list, got {str(data)[:200]}"
+            )
+        entries = []
+        for position, item in enumerate(data):
+            action = item.get("action") if isinstance(item, dict) else None
+            if not isinstance(action, dict) or "values" not in action:
+                raise PolicyResponseError(
+                    f"Cosmos3 response data[{position}] has no 'action.values'; check "
+                    "policy.action_mode is 'policy' and the model has an action head"
+                )
+            echoed_dim = action.get("raw_action_dim")
+            if echoed_dim is not None and echoed_dim != self.raw_action_dim:
+                raise PolicyResponseError(
+                    f"Cosmos3 response data[{position}].action.raw_action_dim is {echoed_dim}, "
+                    f"policy.raw_action_dim is {self.raw_action_dim}"
+                )
+            index = item.get("input_index", item.get("index", position))
+            values = self._as_float_array(action["values"], f"data[{position}].action.values")
+            entries.append((index, position, values))
+        # Older servers put the whole batch in one entry: data[0].action.values [B, H, D].
+        if len(entries) == 1 and entries[0][2].ndim == 3:
+            values = entries[0][2]
+            if values.shape[0] != batch_size:
+                raise PolicyResponseError(
+                    f"Cosmos3 response data[0].action.values holds {values.shape[0]} chunks, "
+                    f"expected {batch_size} (one per observation)"
+                )
+            return list(values)
+        if len(entries) != batch_size:
+            raise PolicyResponseError(
+                f"Cosmos3 response has {len(entries)} action entries, expected {batch_size} "
+                "(one per observation in the request)"
+            )
+        indexes = sorted(index for index, _, _ in entries)
+        if indexes != list(range(batch_size)):
+            raise PolicyResponseError(
+                f"Cosmos3 response input_index values {indexes} are not 0..{batch_size - 1}"
+            )
+        chunks = []
+        for _index, position, values in sorted(entries, key=lambda entry: entry[0]):
+            if values.ndim != 2:
+                raise PolicyResponseError(
+                    f"Cosmos3 response data[{position}].action.values must be [H, D], "
+                    f"got shape {values.shape}"
+                )
+            chunks.append(values)
+        return chunks
+
+    @staticmethod
+    def _as_float_array(values: Any, where: str) -> np.ndarray:
+        try:
+            array = np.asarray(values, dtype=np.float64)
+        except (TypeError, ValueError) as exc:
+            raise PolicyResponseError(
+                f"Cosmos3 response {where} is not a numeric array ({exc})"
+            ) from exc
+        if array.size == 0:
+            raise PolicyResponseError(f"Cosmos3 response {where} is empty, shape {array.shape}")
+        return array
+
+    def parse_response(self, response: dict[str, Any], batch_size: int) -> np.ndarray:
+        chunks = self._model_chunks(response, batch_size)
+        result = np.empty((batch_size, self.num_action_chunks, self.action_dim), dtype=np.float64)
+        for index, chunk in enumerate(chunks):
+            try:
+                result[index] = action_math.model_chunk_to_libero(
+                    chunk,
+                    self.stats,
+                    raw_action_dim=self.raw_action_dim,
+                    num_action_chunks=self.num_action_chunks,
+                    orthonormalization=self.orthonormalization,
+                    gripper_mapping=self.gripper_mapping,
+                )
+            except ValueError as exc:
+                raise PolicyResponseError(
+                    f"Cosmos3 response action for input {index} is invalid: {exc}"
+                ) from exc
+        return result
+
+    # ---------------------------------------------------------------- provenance
+
+    def settings_summary(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "parameters": self.parameters(),
+            "num_action_chunks": self.num_action_chunks,
+            "action_dim": self.action_dim,
+            "size": f"{self.width}x{self.height}",
+            "normalization": self.normalization,
+            "action_stats_path": str(self.stats.source),
+            "action_stats_block": self.stats.block,
+            "action_stats_sha256": self.stats_sha256,
+            "gripper_mapping": self.gripper_mapping,
+            "orthonormalization": self.orthonormalization,
+            "transport": self.transport,
+            "response_format": self.response_format,
+            "prompt_suffix": action_math.PROMPT_VIEW_SUFFIX,
+        }

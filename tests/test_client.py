@@ -1,0 +1,331 @@
+"""PolicyClient against a real HTTP server on 127.0.0.1: retries, errors, msgpack transport."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from libero_eval.policy import codec
+from libero_eval.policy.client import (
+    PolicyClient,
+    PolicyRequestRejected,
+    PolicyResponseError,
+    PolicyServerUnavailable,
+)
+
+
+@dataclass
+class Reply:
+    status: int = 200
+    body: bytes = b"{}"
+    content_type: str = "application/json"
+    delay_s: float = 0.0
+
+
+def json_reply(obj, status: int = 200) -> Reply:
+    return Reply(status=status, body=json.dumps(obj).encode(), content_type="application/json")
+
+
+@dataclass
+class Seen:
+    time: float
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+
+
+@dataclass
+class ScriptedServer:
+    """Answers each path from a queue of replies (the last one repeats) or a handler function."""
+
+    url: str = ""
+    replies: dict[str, list[Reply]] = field(default_factory=dict)
+    handlers: dict[str, Callable[[Seen], Reply]] = field(default_factory=dict)
+    seen: list[Seen] = field(default_factory=list)
+
+    def reply_for(self, request: Seen) -> Reply:
+        if request.path in self.handlers:
+            return self.handlers[request.path](request)
+        queue = self.replies.get(request.path)
+        if not queue:
+            return json_reply({"detail": "Not Found"}, status=404)
+        return queue.pop(0) if len(queue) > 1 else queue[0]
+
+    def requests_to(self, path: str) -> list[Seen]:
+        return [request for request in self.seen if request.path == path]
+
+
+@pytest.fixture
+def server() -> Iterator[ScriptedServer]:
+    script = ScriptedServer()
+
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            request = Seen(
+                time=time.monotonic(),
+                method=self.command,
+                path=self.path,
+                headers={key.lower(): value for key, value in self.headers.items()},
+                body=self.rfile.read(length),
+            )
+            script.seen.append(request)
+            reply = script.reply_for(request)
+            if reply.delay_s:
+                time.sleep(reply.delay_s)
+            try:
+                self.send_response(reply.status)
+                self.send_header("Content-Type", reply.content_type)
+                self.send_header("Content-Length", str(len(reply.body)))
+                self.end_headers()
+                self.wfile.write(reply.body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (timeout test)
+
+        do_GET = _serve
+        do_POST = _serve
+
+        def log_message(self, *args) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    httpd.daemon_threads = True
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.02,), daemon=True)
+    thread.start()
+    script.url = f"http://127.0.0.1:{httpd.server_address[1]}"
+    yield script
+    httpd.shutdown()
+    httpd.server_close()
+    thread.join(timeout=5)
+
+
+class RecordingSleep:
+    def __init__(self) -> None:
+        self.calls: list[float] = []
+
+    def __call__(self, seconds: float) -> None:
+        self.calls.append(seconds)
+        time.sleep(seconds)
+
+
+GENERATIONS = "/v1/actions/generations"
+PAYLOAD = {"request_id": "r1", "input": {"prompt": "open the drawer."}, "parameters": {}}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# ------------------------------------------------------------------------------ errors
+
+
+def test_4xx_is_not_retried_and_reports_the_servers_detail(server):
+    detail = "Cosmos3 requires num_frames == action_horizon + 1, got num_frames=16"
+    server.replies[GENERATIONS] = [json_reply({"detail": detail}, status=400)]
+    sleep = RecordingSleep()
+    client = PolicyClient(server.url, max_retries=3, retry_backoff_s=0.01, sleep=sleep)
+    with pytest.raises(PolicyRequestRejected) as info:
+        client.generate(PAYLOAD)
+    assert info.value.status == 400 and info.value.detail == detail
+    assert detail in str(info.value) and server.url + GENERATIONS in str(info.value)
+    assert len(server.requests_to(GENERATIONS)) == 1 and sleep.calls == []
+
+
+def test_5xx_is_retried_with_linear_backoff_then_raised(server):
+    server.replies[GENERATIONS] = [json_reply({"detail": "CUDA out of memory"}, status=500)]
+    sleep = RecordingSleep()
+    client = PolicyClient(server.url, max_retries=3, retry_backoff_s=0.03, sleep=sleep)
+    with pytest.raises(PolicyServerUnavailable) as info:
+        client.generate(PAYLOAD)
+    message = str(info.value)
+    assert server.url + GENERATIONS in message and "4 attempt(s)" in message
+    assert "HTTP 500" in message and "CUDA out of memory" in message
+    assert sleep.calls == pytest.approx([0.03, 0.06, 0.09])
+    arrivals = [request.time for request in server.requests_to(GENERATIONS)]
+    assert len(arrivals) == 4
+    gaps = np.diff(arrivals)
+    assert np.all(gaps >= np.array([0.03, 0.06, 0.09]) - 0.005)
+    assert client.last_attempts == 4
+
+
+def test_transient_5xx_recovers_and_reports_attempts_and_latency(server):
+    server.replies[GENERATIONS] = [
+        json_reply({"detail": "busy"}, status=503),
+        json_reply({"detail": "busy"}, status=502),
+        json_reply({"id": "act_1", "data": []}),
+    ]
+    client = PolicyClient(server.url, transport="json", max_retries=5, retry_backoff_s=0.001)
+    assert client.generate(PAYLOAD) == {"id": "act_1", "data": []}
+    assert client.last_attempts == 3
+    assert client.last_latency_s is not None and 0 < client.last_latency_s < 5
+
+
+def test_timeouts_are_retried_then_raised(server):
+    server.replies[GENERATIONS] = [Reply(delay_s=0.6)]
+    client = PolicyClient(server.url, timeout_s=0.15, max_retries=1, retry_backoff_s=0.01)
+    started = time.monotonic()
+    with pytest.raises(PolicyServerUnavailable, match=r"2 attempt\(s\).*timed out after 0.15 s"):
+        client.generate(PAYLOAD)
+    assert len(server.requests_to(GENERATIONS)) == 2
+    assert time.monotonic() - started < 1.5
+
+
+def test_connection_refused_is_retried_then_raised():
+    url = f"http://127.0.0.1:{free_port()}"
+    sleep = RecordingSleep()
+    client = PolicyClient(url, max_retries=2, retry_backoff_s=0.01, sleep=sleep)
+    with pytest.raises(PolicyServerUnavailable, match="connection failed") as info:
+        client.generate(PAYLOAD)
+    assert url in str(info.value) and sleep.calls == pytest.approx([0.01, 0.02])
+
+
+@pytest.mark.parametrize(
+    ("reply", "message"),
+    [
+        (Reply(body=b"\xc1\xc1 not msgpack", content_type="application/msgpack"), "undecodable"),
+        (Reply(body=b"<html>oops</html>", content_type="application/json"), "undecodable"),
+        (json_reply([1, 2, 3]), "expected an object"),
+    ],
+)
+def test_garbage_bodies_raise_policy_response_error_without_retry(server, reply, message):
+    server.replies[GENERATIONS] = [reply]
+    client = PolicyClient(server.url, max_retries=3, retry_backoff_s=0.01)
+    with pytest.raises(PolicyResponseError, match=message) as info:
+        client.generate(PAYLOAD)
+    assert server.url + GENERATIONS in str(info.value)
+    assert len(server.requests_to(GENERATIONS)) == 1
+
+
+# ------------------------------------------------------------------------------ transport
+
+
+def test_msgpack_round_trip_keeps_uint8_images_as_raw_bytes(server):
+    def echo(request: Seen) -> Reply:
+        payload = codec.unpack(request.body)
+        images = payload["input"]["input_reference"]
+        response = {
+            "data": [
+                {"index": i, "action": {"values": np.full((16, 32), i, np.float32)}}
+                for i in range(len(images))
+            ],
+            "echo": payload,
+            "received_bytes": len(request.body),
+        }
+        return Reply(body=codec.pack(response), content_type="application/msgpack")
+
+    server.handlers[GENERATIONS] = echo
+    rng = np.random.default_rng(0)
+    images = [rng.integers(0, 256, size=(192, 320, 3), dtype=np.uint8) for _ in range(4)]
+    payload = {
+        "request_id": "r2",
+        "input": {"prompt": "open the drawer.", "input_reference": images},
+        "parameters": {"num_frames": 17, "seed": 1140},
+        "runtime": {"response_format": "envelope", "output_format": "numpy"},
+    }
+    client = PolicyClient(server.url, transport="msgpack")
+    response = client.generate(payload)
+    echoed = response["echo"]["input"]["input_reference"]
+    for sent, received in zip(images, echoed, strict=True):
+        assert received.dtype == np.uint8 and received.shape == (192, 320, 3)
+        np.testing.assert_array_equal(sent, received)
+    assert response["received_bytes"] < sum(image.nbytes for image in images) + 1024
+    assert response["data"][3]["action"]["values"].dtype == np.float32
+    assert response["echo"]["parameters"] == {"num_frames": 17, "seed": 1140}
+    headers = server.requests_to(GENERATIONS)[0].headers
+    assert headers["content-type"] == "application/msgpack"
+    assert headers["accept"] == "application/msgpack"
+
+
+def test_json_transport_sends_arrays_as_lists(server):
+    def echo(request: Seen) -> Reply:
+        return Reply(body=request.body, content_type="application/json")
+
+    server.handlers[GENERATIONS] = echo
+    client = PolicyClient(server.url, transport="png_base64")
+    payload = {"input": {"privileged_state": [{"pos": np.array([0.5, 1.5])}]}, "n": np.int64(3)}
+    assert client.generate(payload) == {
+        "input": {"privileged_state": [{"pos": [0.5, 1.5]}]},
+        "n": 3,
+    }
+
+
+def test_environment_proxies_do_not_capture_loopback(server, monkeypatch):
+    dead_proxy = f"http://127.0.0.1:{free_port()}"
+    for name in ("HTTP_PROXY", "http_proxy", "HTTPS_PROXY", "ALL_PROXY"):
+        monkeypatch.setenv(name, dead_proxy)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    server.replies[GENERATIONS] = [json_reply({"ok": True})]
+    assert PolicyClient(server.url, max_retries=0).generate(PAYLOAD) == {"ok": True}
+
+
+# ------------------------------------------------------------------------------ readiness
+
+
+def test_health_and_wait_until_healthy(server):
+    server.replies["/health"] = [Reply(status=503), Reply(status=503), Reply(status=200)]
+    client = PolicyClient(server.url)
+    client.wait_until_healthy(deadline_s=5, poll_s=0.01)
+    assert len(server.requests_to("/health")) == 3
+    assert client.health()
+
+
+def test_wait_until_healthy_gives_up_at_the_deadline(server):
+    server.replies["/health"] = [Reply(status=503)]
+    client = PolicyClient(server.url)
+    started = time.monotonic()
+    with pytest.raises(PolicyServerUnavailable, match="within 0.2 s") as info:
+        client.wait_until_healthy(deadline_s=0.2, poll_s=0.05)
+    assert server.url + "/health" in str(info.value)
+    assert 0.2 <= time.monotonic() - started < 2
+
+
+def test_wait_until_healthy_stops_when_the_server_process_dies(server):
+    server.replies["/health"] = [Reply(status=503)]
+    client = PolicyClient(server.url)
+    started = time.monotonic()
+    with pytest.raises(PolicyServerUnavailable, match="exited before /health"):
+        client.wait_until_healthy(deadline_s=30, poll_s=0.05, is_alive=lambda: False)
+    assert time.monotonic() - started < 2
+
+
+def test_health_is_false_when_nothing_listens():
+    assert not PolicyClient(f"http://127.0.0.1:{free_port()}").health()
+
+
+def test_metadata_and_max_batch_size(server):
+    server.replies["/v1/actions/metadata"] = [
+        json_reply({"policy_family": "cosmos3", "capabilities": {"max_batch_size": 8}}),
+        json_reply({"policy_family": "cosmos3"}),
+        json_reply({"capabilities": {"max_batch_size": 0}}),
+    ]
+    client = PolicyClient(server.url)
+    assert client.max_batch_size() == 8
+    assert client.max_batch_size() == 1
+    with pytest.raises(PolicyResponseError, match="capabilities.max_batch_size"):
+        client.max_batch_size()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"base_url": "127.0.0.1:30000"}, "must look like http://HOST:PORT"),
+        ({"base_url": "http://127.0.0.1:1", "timeout_s": 0}, "timeout_s"),
+        ({"base_url": "http://127.0.0.1:1", "max_retries": -1}, "max_retries"),
+        ({"base_url": "http://127.0.0.1:1", "transport": "grpc"}, "transport"),
+    ],
+)
+def test_bad_client_settings_are_rejected(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        PolicyClient(**kwargs)
