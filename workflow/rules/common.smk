@@ -5,7 +5,7 @@ from pathlib import Path
 from snakemake.utils import validate
 
 from libero_eval import settings as eval_settings
-from libero_eval.plan import shard_name
+from libero_eval.store import EpisodeStore
 
 validate(config, schema="../../config/schema.yaml")
 try:
@@ -19,6 +19,7 @@ SHARDS = {shard.name: shard for shard in eval_settings.shards(config)}
 SLOTS = sorted({shard.slot for shard in SHARDS.values()})
 FINGERPRINT = eval_settings.rollout_fingerprint(config)
 EVENT_LOG = f"logs/{RUN}/eval_embodiment.log"
+STORE = EpisodeStore(f"results/{RUN}/episodes/{FINGERPRINT}")
 
 
 wildcard_constraints:
@@ -36,7 +37,15 @@ def get_shard_outputs(wildcards):
 
 
 def get_server_of_shard(wildcards):
-    return f"results/{RUN}/servers/slot{SHARDS[wildcards.shard].slot}.json"
+    """The slot's service, only while some of the shard's episodes are unfinished.
+
+    A service output always counts as missing; consuming it unconditionally would rerun
+    every finished shard. A finished shard is rebuilt from the episode store without a server.
+    """
+    shard = SHARDS[wildcards.shard]
+    if len(STORE.finished(shard.episodes)) == len(shard.episodes):
+        return []
+    return f"results/{RUN}/servers/slot{shard.slot}.json"
 
 
 def get_shard_episodes(wildcards):

@@ -8,7 +8,8 @@ rule rollout:
     params:
         episodes=get_shard_episodes,
         fingerprint=FINGERPRINT,
-        store=f"results/{RUN}/episodes/{FINGERPRINT}",
+        store=STORE.root,
+        slot=lambda wc: SHARDS[wc.shard].slot,
         event_log=EVENT_LOG,
     threads: get_envs_per_shard
     resources:

@@ -17,7 +17,7 @@ if __name__ == "__main__":
             config=snakemake.config,
             shard=snakemake.wildcards.shard,
             episodes=[Episode(*e) for e in snakemake.params.episodes],
-            service_file=Path(snakemake.input.server),
+            slot=snakemake.params.slot,
             output=Path(snakemake.output[0]),
             store_root=Path(snakemake.params.store),
             event_log=Path(snakemake.params.event_log),

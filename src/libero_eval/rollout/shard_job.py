@@ -54,13 +54,13 @@ def run_shard_job(
     config: dict[str, Any],
     shard: str,
     episodes: list[Episode],
-    service_file: Path,
+    slot: int,
     output: Path,
     store_root: Path,
     event_log: Path | None,
     envs: int,
 ) -> None:
-    slot = int(service_file.stem.removeprefix("slot"))
+    service_file = Path("results", config["run_id"], "servers", f"slot{slot}.json")
     settings = shard_settings(config, shard, slot, envs, event_log)
     store = EpisodeStore(store_root)
     url = ""
