@@ -1,0 +1,182 @@
+"""Our reference server agrees with SGLang 0.5.23's wire format (tests/fixtures/sglang)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import requests
+
+from libero_eval.policy import codec
+from libero_eval.servers.reference import ReferenceServerSettings, serve_in_thread
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = REPO_ROOT / "tests" / "fixtures" / "sglang"
+STATS_PATH = REPO_ROOT / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+GENERATIONS = "/v1/actions/generations"
+ERROR_FILES = sorted((FIXTURES / "errors").glob("*.json"))
+REQUEST_FILES = ["envelope_request.json", "raw_request.json"]
+
+
+def load(name: str | Path) -> Any:
+    return json.loads((FIXTURES / name).read_text())
+
+
+def structure(value: Any) -> Any:
+    """The shape of a JSON document: keys, list lengths and scalar types, not the values."""
+    if isinstance(value, dict):
+        return {key: structure(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [structure(item) for item in value]
+    return type(value).__name__
+
+
+@pytest.fixture(scope="module")
+def url():
+    # As SGLang launched for the fixtures: --batching-max-size 8, no padding beyond 10.
+    settings = ReferenceServerSettings(
+        action_stats_path=STATS_PATH, max_batch_size=8, padded_action_dim=10
+    )
+    with serve_in_thread(settings) as base_url:
+        yield base_url
+
+
+def test_fixtures_are_present():
+    assert len(ERROR_FILES) >= 15
+    for name in REQUEST_FILES:
+        assert (FIXTURES / name).is_file()
+
+
+def test_envelope_response_has_the_structure_of_sglangs(url):
+    expected = load("envelope_response.json")
+    response = requests.post(url + GENERATIONS, json=load("envelope_request.json"), timeout=10)
+    assert response.status_code == 200, response.text
+    ours = response.json()
+    assert structure(ours) == structure(expected)
+    for key in ("id", "object", "usage"):
+        assert ours[key] == expected[key]
+    for our_item, sglang_item in zip(ours["data"], expected["data"], strict=True):
+        assert {k: v for k, v in our_item["action"].items() if k != "values"} == {
+            k: v for k, v in sglang_item["action"].items() if k != "values"
+        }
+        assert {k: v for k, v in our_item.items() if k != "action"} == {
+            k: v for k, v in sglang_item.items() if k != "action"
+        }
+
+
+def test_raw_response_has_the_structure_of_sglangs(url):
+    expected = load("raw_response.json")
+    response = requests.post(url + GENERATIONS, json=load("raw_request.json"), timeout=10)
+    assert response.status_code == 200, response.text
+    ours = response.json()
+    assert structure(ours) == structure(expected)
+    assert {k: v for k, v in ours.items() if k != "actions"} == {
+        k: v for k, v in expected.items() if k != "actions"
+    }
+
+
+def test_fixture_requests_also_work_as_msgpack_with_numpy_values(url):
+    request = load("envelope_request.json")
+    request["input"]["input_reference"] = np.asarray(
+        request["input"]["input_reference"], dtype=np.uint8
+    )
+    response = requests.post(
+        url + GENERATIONS,
+        data=codec.pack(request),
+        headers={"Content-Type": "application/msgpack"},
+        timeout=10,
+    )
+    assert response.status_code == 200
+    values = codec.unpack(response.content)["data"][0]["action"]["values"]
+    expected = load("envelope_response.json")["data"][0]["action"]["values"]
+    assert values.dtype == np.float32 and values.shape == np.asarray(expected).shape
+
+
+@pytest.mark.parametrize("path", ERROR_FILES, ids=[path.stem for path in ERROR_FILES])
+def test_bad_fixture_requests_are_rejected_with_sglangs_status_and_body(url, path):
+    fixture = load(path)
+    response = requests.post(url + GENERATIONS, json=fixture["request"], timeout=10)
+    assert response.status_code == fixture["status_code"]
+    assert response.json() == fixture["body"]
+
+
+# --- The same fixtures through SGLang itself, where it is installed -------------------------
+
+
+@dataclasses.dataclass
+class CapturedSamplingParams:
+    """Stands in for Cosmos3SamplingParams: records what SGLang's parser would pass it."""
+
+    request_id: Any = None
+    prompt: Any = None
+    image_path: Any = None
+    video_path: Any = None
+    action_mode: Any = None
+    domain_id: Any = None
+    domain_name: Any = None
+    raw_action_dim: Any = None
+    action_fps: Any = None
+    action_view_point: Any = None
+    action_normalization: Any = None
+    action_stats_path: Any = None
+    num_frames: Any = None
+    fps: Any = None
+    height: Any = None
+    width: Any = None
+    num_inference_steps: Any = None
+    guidance_scale: Any = None
+    seed: Any = None
+
+    def _adjust(self, server_args: Any) -> None:
+        pass
+
+
+def sglang_parse(payload: dict[str, Any]) -> CapturedSamplingParams:
+    pytest.importorskip("sglang")
+    from sglang.multimodal_gen.runtime.entrypoints.action.cosmos3 import (
+        build_cosmos3_action_sampling_params,
+    )
+    from sglang.multimodal_gen.runtime.entrypoints.action.protocol import (
+        _action_request_to_observation,
+    )
+
+    server_args = SimpleNamespace(
+        batching_max_size=8, pipeline_config=SimpleNamespace(action_stats_path=None)
+    )
+    return build_cosmos3_action_sampling_params(
+        payload, _action_request_to_observation(payload), server_args, CapturedSamplingParams
+    )
+
+
+@pytest.mark.parametrize("name", REQUEST_FILES)
+def test_sglang_parses_the_fixture_requests(name):
+    request = load(name)
+    params = sglang_parse(request)
+    batch = len(request["input"]["input_reference"])
+    assert params.request_id == request["request_id"]
+    assert (params.num_frames, params.domain_name, params.raw_action_dim) == (17, "libero", 10)
+    assert (params.seed, params.num_inference_steps, params.height, params.width) == (
+        1140,
+        30,
+        192,
+        320,
+    )
+    images = params.image_path if batch > 1 else [params.image_path]
+    assert [image.size for image in images] == [(4, 4)] * batch
+
+
+@pytest.mark.parametrize(
+    "path",
+    [path for path in ERROR_FILES if "api.py" not in load(path)["source"]],
+    ids=lambda path: path.stem,
+)
+def test_sglang_rejects_the_bad_fixture_requests_with_the_same_message(path):
+    fixture = load(path)
+    with pytest.raises(ValueError, match=re.escape(fixture["body"]["detail"])):
+        sglang_parse(fixture["request"])
