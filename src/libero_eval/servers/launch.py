@@ -1,0 +1,245 @@
+"""Run one policy server slot for a Snakemake `serve` job until asked to stop.
+
+    exec python -m libero_eval.servers.launch --settings '<json>' \\
+        --service-file results/<run>/servers/slot<k>.json --event-log logs/<run>/eval_embodiment.log
+
+The server's output goes to this process's stdout (the rule's log). The service file is
+written atomically: status "starting" (with url, pid, pgid) once the server is spawned,
+"ready" once GET /health answers 200, "failed" (with an error) or "stopped" at the end.
+Consumers wait for it with `libero_eval.servers.launcher.wait_for_service`.
+
+Stops on SIGTERM (Snakemake, once every consumer finished), SIGINT, SIGHUP, or the death of
+the parent process; then the server's whole process tree is torn down and the exit code is 0.
+A server that fails to start or dies while serving gives exit code 1; bad settings give 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shlex
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from libero_eval.eventlog import log_event
+from libero_eval.servers.launcher import (
+    LaunchAborted,
+    ManagedServer,
+    ParentWatch,
+    ServerSettings,
+    ServerSettingsError,
+    ServerStartError,
+    build_command,
+    resolve_port,
+    write_service_file,
+)
+
+EXIT_STOPPED = 0
+EXIT_SERVER_FAILED = 1
+EXIT_BAD_SETTINGS = 2
+TRACK_DESCENDANTS_EVERY_S = 5.0
+
+
+class StopRequest:
+    """A stop flag safe to set from a signal handler (no locks, unlike threading.Event)."""
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+
+    def request(self, reason: str) -> None:
+        if self.reason is None:
+            self.reason = reason
+
+    def is_set(self) -> bool:
+        return self.reason is not None
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Sleep up to `timeout` seconds in short slices; True once a stop is requested."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.is_set():
+            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
+            if left <= 0:
+                break
+            time.sleep(left)
+        return self.is_set()
+
+
+def _now_iso() -> str:
+    return datetime.now().astimezone().isoformat(timespec="seconds")
+
+
+class EventLog:
+    """Milestone lines `YYYY-mm-dd HH:MM:SS [serve slot=K] <message>` in the run's event log."""
+
+    def __init__(self, path: str | None, slot: int):
+        self.path = path
+        self.source = f"serve slot={slot}"
+
+    def write(self, message: str) -> None:
+        try:
+            log_event(self.path, self.source, message)
+        except OSError as exc:
+            _say(f"cannot append to the event log {self.path}: {exc}", error=True)
+
+
+def _say(message: str, error: bool = False) -> None:
+    stream = sys.stderr if error else sys.stdout
+    print(f"[libero_eval.servers.launch] {message}", file=stream, flush=True)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m libero_eval.servers.launch",
+        description="Start a policy server slot, publish its service file, serve until SIGTERM.",
+    )
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--settings", help="server settings as a JSON object")
+    source.add_argument("--settings-file", help="server settings as a JSON or YAML file")
+    parser.add_argument("--service-file", required=True, help="where to publish url/pid/status")
+    parser.add_argument("--event-log", help="milestone log to append to (eval_embodiment.log)")
+    return parser.parse_args(argv)
+
+
+def load_settings(args: argparse.Namespace) -> ServerSettings:
+    """Settings from --settings (JSON text) or --settings-file (JSON or YAML)."""
+    data: Any
+    if args.settings is not None:
+        try:
+            data = json.loads(args.settings)
+        except json.JSONDecodeError as exc:
+            raise ServerSettingsError(f"--settings: not valid JSON ({exc})") from exc
+    else:
+        path = Path(args.settings_file)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ServerSettingsError(f"--settings-file {path}: cannot read ({exc})") from exc
+        try:
+            is_yaml = path.suffix in (".yaml", ".yml")
+            data = yaml.safe_load(text) if is_yaml else json.loads(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            raise ServerSettingsError(f"--settings-file {path}: cannot parse ({exc})") from exc
+    return ServerSettings.from_dict(data)
+
+
+def _install_signal_handlers(stop: StopRequest, watch: ParentWatch) -> None:
+    def on_signal(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if watch.parent_gone():
+            stop.request(f"parent process {watch.original_ppid} exited ({name})")
+        else:
+            stop.request(f"received {name}")
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, on_signal)
+
+
+class _Slot:
+    """The state of one launch: settings, server, service file and event log."""
+
+    def __init__(self, settings: ServerSettings, service_file: Path, events: EventLog):
+        self.settings = settings
+        self.server = ManagedServer(settings)
+        self.service_file = service_file
+        self.events = events
+        self.info: dict[str, Any] = {
+            "slot": settings.slot,
+            "url": settings.url,
+            "backend": settings.backend,
+            "pid": None,
+            "pgid": None,
+            "launcher_pid": os.getpid(),
+            "started_at": _now_iso(),
+            "status": "starting",
+        }
+
+    def publish(self, status: str, **extra: Any) -> None:
+        self.info.update(status=status, **extra)
+        write_service_file(self.service_file, self.info)
+
+    def fail(self, report: str, headline: str) -> int:
+        _say(report, error=True)
+        self.server.stop()
+        self.publish("failed", error=headline, stopped_at=_now_iso())
+        self.events.write(f"server failed: {headline}")
+        return EXIT_SERVER_FAILED
+
+    def stopped(self, reason: str) -> int:
+        _say(f"stopping: {reason}")
+        started = time.monotonic()
+        self.server.stop()
+        teardown_s = time.monotonic() - started
+        self.publish("stopped", error=f"stopped: {reason}", stopped_at=_now_iso())
+        self.events.write(f"server stopped: {reason} (teardown {teardown_s:.1f} s)")
+        return EXIT_STOPPED
+
+    def run(self, stop: StopRequest) -> int:
+        server, settings = self.server, self.settings
+        self.events.write(f"server launch: {shlex.join(build_command(settings))}")
+        try:
+            server.start(sys.stdout)
+        except ServerStartError as exc:
+            return self.fail(str(exc), str(exc).splitlines()[0])
+        self.publish("starting", pid=server.pid, pgid=server.pgid)
+        _say(f"slot {settings.slot}: started pid {server.pid}, waiting for {server.url}/health")
+        try:
+            startup_s = server.wait_healthy(stop)
+        except LaunchAborted:
+            return self.stopped(stop.reason or "stop requested")
+        except ServerStartError as exc:
+            return self.fail(str(exc), f"{str(exc).splitlines()[0]} (see {server.log_path})")
+        self.publish("ready", ready_at=_now_iso(), startup_s=round(startup_s, 1))
+        self.events.write(f"server ready: {server.url} ({startup_s:.1f} s)")
+        _say(f"slot {settings.slot}: ready at {server.url} after {startup_s:.1f} s")
+        last_tracked = time.monotonic()
+        while not stop.wait(min(1.0, settings.health_poll_s)):
+            code = server.poll()
+            if code is not None:
+                headline = (
+                    f"{settings.backend} server (slot {settings.slot}) exited with code {code} "
+                    f"while serving (see {server.log_path})"
+                )
+                return self.fail(server.failure_report(headline), headline)
+            if time.monotonic() - last_tracked >= TRACK_DESCENDANTS_EVERY_S:
+                server.track_descendants()
+                last_tracked = time.monotonic()
+        return self.stopped(stop.reason or "stop requested")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Launch one server slot; returns the process exit code."""
+    args = _parse_args(argv)
+    try:
+        settings = load_settings(args)
+    except ServerSettingsError as exc:
+        _say(str(exc), error=True)
+        return EXIT_BAD_SETTINGS
+
+    stop = StopRequest()
+    watch = ParentWatch(lambda ppid: stop.request(f"parent process {ppid} exited"))
+    _install_signal_handlers(stop, watch)  # before PR_SET_PDEATHSIG can deliver SIGTERM
+    watch.start()
+
+    events = EventLog(args.event_log, settings.slot)
+    service_file = Path(args.service_file)
+    with contextlib.suppress(FileNotFoundError):
+        service_file.unlink()  # never let consumers see a previous run's file
+    slot = _Slot(resolve_port(settings), service_file, events)
+    try:
+        return slot.run(stop)
+    finally:
+        slot.server.stop()
+        watch.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,654 @@
+"""The server launcher: settings, command lines, health wait, teardown, the launch CLI.
+
+A fake `sglang` executable (tests/fake_sglang/sglang) records its argv and environment and
+serves /health, fails, or spawns process trees on demand, so every test runs real processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import requests
+
+from libero_eval.servers.launch import load_settings
+from libero_eval.servers.launcher import (
+    ManagedServer,
+    ServerSettings,
+    ServerSettingsError,
+    ServerStartError,
+    ServiceUnavailableError,
+    ServiceWaitTimeout,
+    build_command,
+    build_env,
+    wait_for_service,
+    write_service_file,
+)
+
+FAKE_DIR = Path(__file__).parent / "fake_sglang"
+FAKE_SGLANG = FAKE_DIR / "sglang"
+
+
+def sglang_settings(**overrides: Any) -> dict[str, Any]:
+    """A settings mapping for the fake sglang (fast polls, short grace)."""
+    sglang = {"command": [str(FAKE_SGLANG)], "model_path": "/models/cosmos3/model_diffusers"}
+    sglang.update(overrides.pop("sglang", {}))
+    data = {
+        "backend": "sglang",
+        "slot": 2,
+        "port": 0,
+        "health_timeout_s": 20,
+        "health_poll_s": 0.05,
+        "teardown_grace_s": 1.0,
+        "sglang": sglang,
+    }
+    data.update(overrides)
+    return data
+
+
+def fake_env(tmp_path: Path, **variables: str) -> dict[str, str]:
+    """extra_env telling the fake where to record argv/env and pids."""
+    env = {
+        "FAKE_SGLANG_RECORD_FILE": str(tmp_path / "record.json"),
+        "FAKE_SGLANG_PIDS_FILE": str(tmp_path / "pids.txt"),
+    }
+    env.update(variables)
+    return env
+
+
+def start_fake(tmp_path: Path, **overrides: Any) -> ManagedServer:
+    server = ManagedServer(ServerSettings.from_dict(sglang_settings(**overrides)))
+    with open(tmp_path / "server.log", "ab") as log:
+        server.start(log)
+    return server
+
+
+def recorded(tmp_path: Path) -> dict[str, Any]:
+    return json.loads((tmp_path / "record.json").read_text())
+
+
+def wait_for_pids(tmp_path: Path, count: int, timeout_s: float = 15.0) -> dict[str, int]:
+    """Role -> pid of the fake's processes, once `count` of them have reported."""
+    path = tmp_path / "pids.txt"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if path.exists():
+            lines = path.read_text().splitlines()
+            if len(lines) >= count:
+                return {role: int(pid) for role, pid in (line.split() for line in lines)}
+        time.sleep(0.05)
+    raise AssertionError(f"fewer than {count} processes reported in {path}")
+
+
+def is_alive(pid: int) -> bool:
+    """Running and not a zombie (an unreaped corpse holds no resources)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def survivors(pids: list[int], within_s: float) -> list[int]:
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = [pid for pid in pids if is_alive(pid)]
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
+
+
+@pytest.fixture(autouse=True)
+def kill_leftover_fake_processes(tmp_path):
+    """If a test fails half way, do not leak the fake's processes into later tests."""
+    test_started = time.time() - 1.0
+    yield
+    pids_file = tmp_path / "pids.txt"
+    if not pids_file.exists():
+        return
+    for line in pids_file.read_text().splitlines():
+        with contextlib.suppress(psutil.Error, ValueError):
+            proc = psutil.Process(int(line.split()[1]))
+            if proc.create_time() >= test_started:  # not a recycled pid
+                proc.kill()
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def test_settings_defaults_apply_to_omitted_fields():
+    settings = ServerSettings.from_dict(
+        {"backend": "sglang", "slot": 0, "sglang": {"model_path": "/m"}}
+    )
+    assert settings.host == "127.0.0.1"
+    assert settings.port == 0
+    assert settings.health_timeout_s == 900
+    assert settings.health_poll_s == 1.0
+    assert settings.teardown_grace_s == 20
+    assert settings.gpu_id is None
+    assert settings.sglang is not None
+    assert settings.sglang.command == ["sglang"]
+    assert settings.sglang.pipeline_class_name == "Cosmos3OmniDiffusersPipeline"
+
+
+def test_settings_ignore_the_section_of_the_other_backend():
+    settings = ServerSettings.from_dict(
+        {
+            "backend": "reference",
+            "slot": 1,
+            "reference": {"policy": "hold"},
+            "sglang": {"model_path": None},
+        }
+    )
+    assert settings.reference is not None and settings.reference.policy == "hold"
+    assert settings.sglang is None
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"backend": "vllm", "slot": 0}, r"server\.backend: expected one of reference, sglang"),
+        ({"backend": "sglang", "sglang": {"model_path": "/m"}}, r"server\.slot: required"),
+        ({"backend": "sglang", "slot": 0, "sglang": {}}, r"server\.sglang\.model_path: required"),
+        (
+            {"backend": "sglang", "slot": 0, "port": 70000, "sglang": {"model_path": "/m"}},
+            r"server\.port: must be <= 65535",
+        ),
+        (
+            {"backend": "sglang", "slot": 0, "sglang": {"model_path": "/m"}, "gpu": 1},
+            r"server: unknown field\(s\) gpu",
+        ),
+        (
+            {"backend": "sglang", "slot": 0, "gpu_id": "0", "sglang": {"model_path": "/m"}},
+            r"server\.gpu_id: expected an integer",
+        ),
+        (
+            {
+                "backend": "sglang",
+                "slot": 0,
+                "gpu_id": 0,
+                "sglang": {"model_path": "/m", "num_gpus": 2, "tp_size": 2},
+            },
+            r"server\.gpu_id: pins 1 device\(s\) but server\.sglang\.num_gpus is 2",
+        ),
+        (
+            {
+                "backend": "sglang",
+                "slot": 0,
+                "sglang": {"model_path": "/m", "extra_args": ["--port=1"]},
+            },
+            r"server\.sglang\.extra_args: '--port=1' is set by the launcher",
+        ),
+        (
+            {
+                "backend": "sglang",
+                "slot": 0,
+                "sglang": {"model_path": "/m", "command": ["python", "-m", "sglang.cli.main"]},
+            },
+            r"server\.sglang\.command: `-m sglang\.cli\.main` exits without doing anything",
+        ),
+        (
+            {
+                "backend": "reference",
+                "slot": 0,
+                "reference": {"policy": "hold", "max_batch_size": 0},
+            },
+            r"server\.reference\.max_batch_size: must be >= 1",
+        ),
+        (
+            {"backend": "sglang", "slot": 0, "health_timeout_s": 0, "sglang": {"model_path": "/m"}},
+            r"server\.health_timeout_s: must be > 0",
+        ),
+    ],
+)
+def test_bad_settings_raise_errors_naming_the_field(data, message):
+    with pytest.raises(ServerSettingsError, match=message):
+        ServerSettings.from_dict(data)
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def test_reference_command_passes_every_configured_flag():
+    settings = ServerSettings.from_dict(
+        {
+            "backend": "reference",
+            "slot": 0,
+            "host": "127.0.0.1",
+            "port": 31234,
+            "reference": {
+                "policy": "scripted",
+                "action_stats_path": "/stats.json",
+                "normalization": "quantile_rot",
+                "max_batch_size": 8,
+                "padded_action_dim": 32,
+                "latency_fixed_s": 0.05,
+                "latency_per_item_s": 0.01,
+                "model_name": "reference-scripted",
+            },
+        }
+    )
+    assert build_command(settings) == [
+        sys.executable,
+        "-m",
+        "libero_eval.servers.reference",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "31234",
+        "--policy",
+        "scripted",
+        "--action-stats",
+        "/stats.json",
+        "--normalization",
+        "quantile_rot",
+        "--max-batch-size",
+        "8",
+        "--padded-action-dim",
+        "32",
+        "--latency-fixed-s",
+        "0.05",
+        "--latency-per-item-s",
+        "0.01",
+        "--model-name",
+        "reference-scripted",
+    ]
+
+
+def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
+    overrides = {
+        "host": "127.0.0.1",
+        "extra_env": fake_env(tmp_path),
+        "sglang": {
+            "num_gpus": 2,
+            "tp_size": 2,
+            "batching_max_size": 16,
+            "attention_backend": "flash",
+            "extra_args": ["--seed", "1140"],
+        },
+    }
+    with start_fake(tmp_path, **overrides) as server:
+        server.wait_healthy()
+        port = server.settings.port
+        assert port != 0
+        argv = recorded(tmp_path)["argv"]
+        assert server.command == [str(FAKE_SGLANG), *argv]
+    assert argv == [
+        "serve",
+        "--model-path",
+        "/models/cosmos3/model_diffusers",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--num-gpus",
+        "2",
+        "--tp-size",
+        "2",
+        "--batching-max-size",
+        "16",
+        "--pipeline-class-name",
+        "Cosmos3OmniDiffusersPipeline",
+        "--attention-backend",
+        "flash",
+        "--seed",
+        "1140",
+    ]
+
+
+def test_gpu_id_pins_cuda_visible_devices_and_no_proxy_covers_loopback(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    monkeypatch.setenv("NO_PROXY", "example.org")
+    monkeypatch.delenv("no_proxy", raising=False)
+    with start_fake(tmp_path, gpu_id=3, extra_env=fake_env(tmp_path, FAKE_EXTRA="x")) as server:
+        server.wait_healthy()
+    env = recorded(tmp_path)["env"]
+    assert env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert env["FAKE_EXTRA"] == "x"
+    for key in ("NO_PROXY", "no_proxy"):
+        entries = env[key].split(",")
+        assert {"example.org", "127.0.0.1", "localhost"} <= set(entries)
+
+
+def test_null_gpu_id_keeps_the_environments_devices(tmp_path, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "5")
+    with start_fake(tmp_path, gpu_id=None, extra_env=fake_env(tmp_path)) as server:
+        server.wait_healthy()
+    assert recorded(tmp_path)["env"]["CUDA_VISIBLE_DEVICES"] == "5"
+
+
+def test_wildcard_hosts_are_reached_through_loopback():
+    settings = ServerSettings.from_dict(sglang_settings(host="0.0.0.0", port=31000))
+    assert settings.url == "http://127.0.0.1:31000"
+    assert ServerSettings.from_dict(sglang_settings(host="::1", port=5)).url == "http://[::1]:5"
+
+
+def test_settings_file_may_be_yaml(tmp_path):
+    path = tmp_path / "server.yaml"
+    path.write_text("backend: reference\nslot: 3\nreference: {policy: hold, max_batch_size: 4}\n")
+    settings = load_settings(argparse.Namespace(settings=None, settings_file=str(path)))
+    assert settings.slot == 3
+    assert settings.reference is not None and settings.reference.max_batch_size == 4
+
+
+def test_a_list_of_gpu_ids_pins_several_devices():
+    settings = ServerSettings.from_dict(
+        sglang_settings(gpu_id=[2, 3], sglang={"num_gpus": 2, "tp_size": 2})
+    )
+    assert build_env(settings, base={})["CUDA_VISIBLE_DEVICES"] == "2,3"
+
+
+# --------------------------------------------------------------------------- health wait
+
+
+def test_ready_only_once_health_answers_200(tmp_path):
+    delay = 1.5
+    env = fake_env(tmp_path, FAKE_SGLANG_HEALTH_DELAY_S=str(delay))
+    with start_fake(tmp_path, extra_env=env) as server:
+        # Before the delay the fake listens but answers 503, like SGLang while loading.
+        early = None
+        deadline = time.monotonic() + 5
+        while early is None and time.monotonic() < deadline:
+            try:
+                early = requests.get(f"{server.url}/health", timeout=1).status_code
+            except requests.ConnectionError:
+                time.sleep(0.05)
+        assert early == 503
+        startup_s = server.wait_healthy()
+        assert startup_s >= delay
+        assert requests.get(f"{server.url}/health", timeout=1).status_code == 200
+
+
+def test_health_deadline_raises_with_the_log_tail(tmp_path):
+    env = fake_env(tmp_path, FAKE_SGLANG_NEVER_HEALTHY="1")
+    with start_fake(tmp_path, extra_env=env, health_timeout_s=1.5) as server:
+        started = time.monotonic()
+        with pytest.raises(ServerStartError) as error:
+            server.wait_healthy()
+        assert 1.4 <= time.monotonic() - started < 6
+    message = str(error.value)
+    assert "did not answer 200" in message
+    assert "server.health_timeout_s=1.5" in message
+    assert "HTTP 503" in message
+    assert f"fake sglang: listening on 127.0.0.1:{server.settings.port}" in message
+
+
+def test_server_exiting_early_fails_fast_with_code_and_output(tmp_path):
+    env = fake_env(
+        tmp_path,
+        FAKE_SGLANG_EXIT_CODE="3",
+        FAKE_SGLANG_EXIT_MESSAGE="fake sglang: CUDA out of memory on device 0",
+    )
+    with start_fake(tmp_path, extra_env=env, health_timeout_s=120) as server:
+        started = time.monotonic()
+        with pytest.raises(ServerStartError) as error:
+            server.wait_healthy()
+        assert time.monotonic() - started < 10
+    message = str(error.value)
+    assert "exited with code 3" in message
+    assert "fake sglang: CUDA out of memory on device 0" in message
+    assert str(tmp_path / "server.log") in message
+
+
+def test_missing_executable_is_reported_with_the_settings_field(tmp_path):
+    server = ManagedServer(
+        ServerSettings.from_dict(sglang_settings(sglang={"command": [str(tmp_path / "nope")]}))
+    )
+    with open(tmp_path / "server.log", "ab") as log, pytest.raises(ServerStartError) as error:
+        server.start(log)
+    assert "server.sglang.command" in str(error.value)
+    assert str(tmp_path / "nope") in str(error.value)
+
+
+def test_a_configured_port_already_in_use_is_refused(tmp_path):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        server = ManagedServer(ServerSettings.from_dict(sglang_settings(port=port)))
+        with open(tmp_path / "server.log", "ab") as log, pytest.raises(ServerStartError) as error:
+            server.start(log)
+    assert f"server.port: 127.0.0.1:{port} is already in use" in str(error.value)
+
+
+# --------------------------------------------------------------------------- teardown
+
+
+def test_stop_kills_the_whole_tree_including_stubborn_and_escaped_processes(tmp_path):
+    env = fake_env(
+        tmp_path,
+        FAKE_SGLANG_CHILDREN="2",
+        FAKE_SGLANG_CHILDREN_IGNORE_TERM="1",
+        FAKE_SGLANG_GRANDCHILD="1",
+        FAKE_SGLANG_ESCAPED_CHILD="1",
+    )
+    server = start_fake(tmp_path, extra_env=env, teardown_grace_s=0.5)
+    server.wait_healthy()
+    pids = wait_for_pids(tmp_path, 5)
+    assert set(pids) == {"server", "child0", "child1", "grandchild", "escaped"}
+    assert os.getpgid(pids["escaped"]) != server.pgid  # it left the process group
+    assert all(is_alive(pid) for pid in pids.values())
+
+    server.stop()
+
+    assert survivors(list(pids.values()), within_s=0.0) == []
+    assert server.returncode is not None
+    started = time.monotonic()
+    server.stop()  # idempotent
+    assert time.monotonic() - started < 0.5
+
+
+def test_leaving_the_context_on_an_exception_tears_the_server_down(tmp_path):
+    env = fake_env(tmp_path, FAKE_SGLANG_CHILDREN="1")
+    with pytest.raises(RuntimeError, match="boom"), start_fake(tmp_path, extra_env=env) as server:
+        server.wait_healthy()
+        pids = wait_for_pids(tmp_path, 2)
+        raise RuntimeError("boom")
+    assert survivors(list(pids.values()), within_s=0.0) == []
+
+
+# --------------------------------------------------------------------------- launch CLI
+
+
+def launch_command(tmp_path: Path, settings: dict[str, Any]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "libero_eval.servers.launch",
+        "--settings",
+        json.dumps(settings),
+        "--service-file",
+        str(tmp_path / "results" / "servers" / "slot2.json"),
+        "--event-log",
+        str(tmp_path / "logs" / "eval_embodiment.log"),
+    ]
+
+
+def launch_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{FAKE_DIR}{os.pathsep}{env.get('PATH', '')}"
+    return env
+
+
+def wait_for_status(service_file: Path, status: str, timeout_s: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if service_file.exists():
+            info = json.loads(service_file.read_text())
+            if info["status"] == status:
+                return info
+        time.sleep(0.05)
+    raise AssertionError(f"{service_file} never reached status {status!r}")
+
+
+def test_launch_serves_until_sigterm_then_tears_everything_down(tmp_path):
+    env = fake_env(tmp_path, FAKE_SGLANG_CHILDREN="2", FAKE_SGLANG_CHILDREN_IGNORE_TERM="1")
+    settings = sglang_settings(extra_env=env)
+    service_file = tmp_path / "results" / "servers" / "slot2.json"
+    event_log = tmp_path / "logs" / "eval_embodiment.log"
+    with open(tmp_path / "serve.log", "wb") as log:
+        launcher = subprocess.Popen(
+            launch_command(tmp_path, settings),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=launch_env(),
+        )
+    try:
+        info = wait_for_status(service_file, "ready")
+        assert info["slot"] == 2 and info["backend"] == "sglang"
+        assert info["url"].startswith("http://127.0.0.1:")
+        assert info["launcher_pid"] == launcher.pid
+        assert info["pgid"] == info["pid"] == os.getpgid(info["pid"]) != os.getpgid(launcher.pid)
+        assert wait_for_service(service_file, timeout_s=5, poll_s=0.05) == info
+        pids = wait_for_pids(tmp_path, 3)
+        assert pids["server"] == info["pid"]
+
+        lines = event_log.read_text().splitlines()
+        stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[serve slot=2\] "
+        assert len(lines) == 2
+        assert re.fullmatch(stamp + r"server launch: .*/fake_sglang/sglang serve .*", lines[0])
+        assert re.fullmatch(
+            stamp + re.escape(f"server ready: {info['url']} (") + r"\d+\.\d s\)", lines[1]
+        )
+
+        launcher.send_signal(signal.SIGTERM)
+        assert launcher.wait(timeout=15) == 0
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert survivors(list(pids.values()), within_s=0.0) == []
+    assert json.loads(service_file.read_text())["status"] == "stopped"
+    assert "server stopped: received SIGTERM" in event_log.read_text().splitlines()[-1]
+    assert "fake sglang: listening on" in (tmp_path / "serve.log").read_text()
+
+
+def test_launcher_dies_with_its_parent_and_takes_the_server_along(tmp_path):
+    env = fake_env(tmp_path, FAKE_SGLANG_CHILDREN="1", FAKE_SGLANG_CHILDREN_IGNORE_TERM="1")
+    settings = sglang_settings(extra_env=env)
+    service_file = tmp_path / "results" / "servers" / "slot2.json"
+    # A stand-in for Snakemake: spawns the launcher and waits on it.
+    parent_code = (
+        "import subprocess, sys; "
+        "p = subprocess.Popen(sys.argv[1:]); print(p.pid, flush=True); p.wait()"
+    )
+    with open(tmp_path / "serve.log", "wb") as log:
+        parent = subprocess.Popen(
+            [sys.executable, "-c", parent_code, *launch_command(tmp_path, settings)],
+            stdout=subprocess.PIPE,
+            stderr=log,
+            env=launch_env(),
+        )
+    launcher_pid = int(parent.stdout.readline())
+    try:
+        wait_for_status(service_file, "ready")
+        pids = wait_for_pids(tmp_path, 2)
+        parent.kill()  # kill -9 of "snakemake"
+        parent.wait()
+        assert survivors([launcher_pid, *pids.values()], within_s=10.0) == []
+    finally:
+        parent.kill()
+        parent.wait()
+        parent.stdout.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(launcher_pid, signal.SIGTERM)  # only reached alive if the test failed
+    assert json.loads(service_file.read_text())["status"] == "stopped"
+
+
+def test_a_server_outlives_no_launcher_killed_with_sigkill(tmp_path):
+    settings = sglang_settings(extra_env=fake_env(tmp_path))
+    service_file = tmp_path / "results" / "servers" / "slot2.json"
+    launcher = subprocess.Popen(
+        launch_command(tmp_path, settings), stdout=subprocess.DEVNULL, env=launch_env()
+    )
+    try:
+        server_pid = wait_for_status(service_file, "ready")["pid"]
+        launcher.kill()  # no teardown can run: the server's own PR_SET_PDEATHSIG must act
+        launcher.wait()
+        assert survivors([server_pid], within_s=5.0) == []
+    finally:
+        launcher.kill()
+        launcher.wait()
+
+
+def test_launch_reports_a_server_that_fails_to_start(tmp_path):
+    env = fake_env(tmp_path, FAKE_SGLANG_EXIT_CODE="3", FAKE_SGLANG_EXIT_MESSAGE="no weights")
+    service_file = tmp_path / "results" / "servers" / "slot2.json"
+    result = subprocess.run(
+        launch_command(tmp_path, sglang_settings(extra_env=env)),
+        capture_output=True,
+        text=True,
+        env=launch_env(),
+        timeout=60,
+    )
+    assert result.returncode == 1
+    assert "exited with code 3" in result.stderr
+    info = json.loads(service_file.read_text())
+    assert info["status"] == "failed"
+    assert "exited with code 3" in info["error"]
+    with pytest.raises(ServiceUnavailableError, match="is failed: .*exited with code 3"):
+        wait_for_service(service_file, timeout_s=5, poll_s=0.05)
+    last = (tmp_path / "logs" / "eval_embodiment.log").read_text().splitlines()[-1]
+    assert "[serve slot=2] server failed: sglang server (slot 2) exited with code 3" in last
+
+
+def test_launch_reports_a_server_that_dies_while_serving(tmp_path):
+    env = fake_env(tmp_path, FAKE_SGLANG_DIE_AFTER_S="1.0")
+    service_file = tmp_path / "results" / "servers" / "slot2.json"
+    with open(tmp_path / "serve.log", "w") as log:
+        result = subprocess.run(
+            launch_command(tmp_path, sglang_settings(extra_env=env)),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=launch_env(),
+            timeout=60,
+        )
+    assert result.returncode == 1
+    serve_log = (tmp_path / "serve.log").read_text()
+    # The failure report quotes the tail of the server's output (the same log).
+    assert "exited with code 4 while serving" in serve_log
+    assert serve_log.count("fake sglang: crashed while serving") == 2
+    assert json.loads(service_file.read_text())["status"] == "failed"
+
+
+def test_launch_rejects_bad_settings_with_exit_code_2(tmp_path):
+    result = subprocess.run(
+        launch_command(tmp_path, {"backend": "sglang", "slot": 0, "sglang": {}}),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "server.sglang.model_path: required but missing" in result.stderr
+
+
+# --------------------------------------------------------------------------- wait_for_service
+
+
+def test_wait_for_service_times_out_naming_the_file_and_the_serve_log(tmp_path):
+    service_file = tmp_path / "slot0.json"
+    started = time.monotonic()
+    with pytest.raises(ServiceWaitTimeout) as error:
+        wait_for_service(service_file, timeout_s=0.5, poll_s=0.05, log_path="logs/serve/slot0.log")
+    assert time.monotonic() - started < 3
+    message = str(error.value)
+    assert str(service_file) in message
+    assert "the file does not exist yet" in message
+    assert "logs/serve/slot0.log" in message
+
+
+def test_wait_for_service_keeps_waiting_while_the_server_is_starting(tmp_path):
+    service_file = tmp_path / "slot0.json"
+    write_service_file(service_file, {"slot": 0, "url": "http://127.0.0.1:9", "status": "starting"})
+    with pytest.raises(ServiceWaitTimeout, match="status is 'starting'"):
+        wait_for_service(service_file, timeout_s=0.3, poll_s=0.05)
