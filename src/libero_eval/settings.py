@@ -71,10 +71,11 @@ def check_config(config: dict[str, Any]) -> None:
             f"{num_shards} shards (server.num_slots x rollout.shards_per_slot)"
         )
     gpu_ids = server["gpu_ids"]
-    if gpu_ids is not None and len(gpu_ids) < server["num_slots"]:
+    needed = server["num_slots"] * _gpus_per_slot(config)
+    if gpu_ids is not None and len(gpu_ids) < needed:
         raise ConfigError(
-            f"server.gpu_ids lists {len(gpu_ids)} devices for {server['num_slots']} slots: "
-            "give one device index per slot, or null"
+            f"server.gpu_ids lists {len(gpu_ids)} devices but {server['num_slots']} slots x "
+            f"{_gpus_per_slot(config)} GPUs each need {needed}: list them all, or use null"
         )
     if server["backend"] == "sglang":
         model_path = server["sglang"]["model_path"]
@@ -165,14 +166,22 @@ def rollout_fingerprint(config: dict[str, Any]) -> str:
     )
 
 
+def _gpus_per_slot(config: dict[str, Any]) -> int:
+    server = config["server"]
+    return server["sglang"]["num_gpus"] if server["backend"] == "sglang" else 1
+
+
 def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
     """Settings of slot `slot`'s server, for `libero_eval.servers.launch`."""
     server = config["server"]
-    gpu_id = None
+    per_slot = _gpus_per_slot(config)
+    devices = None
     if server["gpu_ids"] is not None:
-        gpu_id = server["gpu_ids"][slot]
+        devices = server["gpu_ids"][slot * per_slot : (slot + 1) * per_slot]
     elif server["backend"] == "sglang" and "SLURM_JOB_ID" not in os.environ:
-        gpu_id = slot  # locally nothing assigns GPUs: pin slot k to device k
+        # Locally nothing assigns GPUs: slot k takes devices k*n .. k*n+n-1.
+        devices = list(range(slot * per_slot, (slot + 1) * per_slot))
+    gpu_id = devices[0] if devices is not None and len(devices) == 1 else devices
     reference = server["reference"]
     return {
         "backend": server["backend"],

@@ -163,7 +163,11 @@ def read_results(paths: Iterable[Path | str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-_NULLABLE = {pa.int32(): pd.Int32Dtype(), pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
+_NULLABLE = {
+    pa.int32(): pd.Int32Dtype(),
+    pa.int64(): pd.Int64Dtype(),
+    pa.bool_(): pd.BooleanDtype(),
+}
 
 
 def _to_pandas(table: pa.Table) -> pd.DataFrame:

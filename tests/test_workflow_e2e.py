@@ -1,0 +1,162 @@
+"""The whole workflow, end to end: real Snakemake jobs, a real HTTP policy server, real LIBERO."""
+
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import psutil
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+
+pytestmark = [pytest.mark.workflow, pytest.mark.libero]
+
+
+class Run:
+    """A finished snakemake invocation and every descendant process seen while it ran."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str, descendants: set[int]):
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+        self.descendants = descendants
+
+    def survivors(self) -> list[int]:
+        alive = []
+        for pid in self.descendants:
+            try:
+                if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                    alive.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return alive
+
+
+def run_workflow(configfile: Path, *extra: str, cores: int = 2) -> Run:
+    """Run snakemake, polling its process tree so leftover servers/env workers can be counted."""
+    proc = subprocess.Popen(
+        [*SNAKEMAKE, "--cores", str(cores), "--configfile", str(configfile), *extra],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    seen: set[int] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        root = psutil.Process(proc.pid)
+        while not stop.is_set():
+            try:
+                seen.update(child.pid for child in root.children(recursive=True))
+            except psutil.NoSuchProcess:
+                return
+            time.sleep(0.2)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    stdout, stderr = proc.communicate(timeout=900)
+    stop.set()
+    watcher.join()
+    return Run(proc.returncode, stdout, stderr, seen)
+
+
+@pytest.fixture
+def short_run(tmp_path):
+    """A 2-task x 2-init-state evaluation with 32-step episodes under its own run id."""
+    run_id = f"pytest_e2e_{tmp_path.name}"
+    configfile = tmp_path / "config.yaml"
+    configfile.write_text(
+        yaml.safe_dump(
+            {
+                "run_id": run_id,
+                "server": {"reference": {"policy": "hold"}},
+                "rollout": {"send_privileged_state": False, "max_steps": 32},
+            }
+        )
+    )
+    yield run_id, configfile
+    shutil.rmtree(REPO / "results" / run_id, ignore_errors=True)
+    shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
+
+
+def test_demo_shaped_run_end_to_end_then_nothing_to_do(short_run):
+    run_id, configfile = short_run
+    first = run_workflow(configfile)
+    assert first.returncode == 0, first.stderr[-3000:]
+    results = REPO / "results" / run_id
+
+    # One Parquet row per planned episode, with the schema's values filled in.
+    episodes = pd.read_parquet(results / "summary" / "episodes.parquet")
+    assert len(episodes) == 4
+    assert set(zip(episodes.task_id, episodes.init_state_id, strict=True)) == {
+        (0, 0),
+        (1, 0),
+        (0, 1),
+        (1, 1),
+    }
+    assert episodes["error"].isna().all(), episodes["error"].tolist()
+    assert (episodes["steps"] == 32).all()
+    assert (episodes["policy_calls"] == 2).all()
+    assert episodes["task_language"].str.startswith("pick up the black bowl").all()
+    assert (episodes["protocol"] == "rlinf").all()
+    assert episodes["server_url"].str.startswith("http://127.0.0.1:").all()
+
+    # The summary is printed at the end of the run and written as Markdown + CSV.
+    summary = (results / "summary" / "summary.md").read_text()
+    assert "| libero_spatial | (suite) | 0.0% [0.0, 49.0]" in summary
+    assert "| libero_spatial | (suite)" in first.stdout
+    per_task = pd.read_csv(results / "summary" / "per_task.csv")
+    assert per_task["num_trajectories"].tolist() == [2, 2]
+
+    # Milestones in the seed's order.
+    log = (REPO / "logs" / run_id / "eval_embodiment.log").read_text()
+    order = [
+        log.index("server launch"),
+        log.index("server ready"),
+        log.index("rank shard000 -> http://127.0.0.1:"),
+        log.index("[libero eval] task_id="),
+        log.index("summary: success_once="),
+    ]
+    assert order == sorted(order)
+    assert len(re.findall(r"\[libero eval\] task_id=\d, trial_id=\d, success=False", log)) == 4
+
+    # The server and env workers were torn down with the run: none of them is left.
+    assert len(first.descendants) >= 4  # launcher, server, shard, 2 env workers
+    time.sleep(1)
+    assert first.survivors() == []
+
+    # Running the same command again does no work.
+    second = run_workflow(configfile)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "Nothing to be done" in second.stdout + second.stderr
+
+
+def test_large_plan_dry_run_shows_one_server_per_slot(tmp_path):
+    configfile = tmp_path / "full.yaml"
+    configfile.write_text(
+        yaml.safe_dump(
+            {
+                "run_id": f"pytest_dry_{tmp_path.name}",
+                "plan": {
+                    "suites": ["libero_spatial", "libero_object", "libero_goal", "libero_10"],
+                    "task_ids": "all",
+                    "num_trials_per_task": 50,
+                },
+                "server": {"num_slots": 8, "reference": {"policy": "hold"}},
+                "rollout": {"send_privileged_state": False, "shards_per_slot": 2},
+            }
+        )
+    )
+    # Each slot's group (server + 2 shards x 2 envs) needs 4 cores: a 32-core node runs 8.
+    dry = run_workflow(configfile, "-n", "--quiet", "rules", cores=32)
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.stdout + dry.stderr, flags=re.M))
+    assert counts["serve"] == "8"
+    assert counts["rollout"] == "16"
+    assert counts["aggregate"] == "1"
