@@ -1,0 +1,67 @@
+"""Render config/schema.yaml as the Markdown config reference (config/README.md).
+
+    python -m libero_eval.schema_doc config/schema.yaml > config/README.md
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+HEADER = """# Configuration reference
+
+Generated from `config/schema.yaml` by `python -m libero_eval.schema_doc config/schema.yaml >
+config/README.md` (a test keeps it in sync). The workflow validates the config against the
+schema, fills in the defaults, then checks what a schema cannot (files exist, the stats file
+has the block the normalization needs, `num_frames == num_action_chunks + 1`, ...). Every
+error names the field and the fix.
+
+Configs: `config.yaml` is the embedded CPU default (reference server, scripted expert, 2 tasks x
+2 init states). `libero_spatial_cosmos3_sglang.yaml` is the Cosmos3 seed configuration for
+SGLang on GPUs. Overlay your own file: `snakemake --configfile config/config.yaml mine.yaml`.
+
+| field | type | default | description |
+|---|---|---|---|
+"""
+
+
+def _type(spec: dict[str, Any]) -> str:
+    if "enum" in spec:
+        return " \\| ".join(f"`{v}`" for v in spec["enum"])
+    if "const" in spec:
+        return f"`{spec['const']}`"
+    if "oneOf" in spec:
+        return " or ".join(_type(option) for option in spec["oneOf"])
+    kind = spec.get("type", "")
+    kinds = kind if isinstance(kind, list) else [kind]
+    if "array" in kinds and "items" in spec:
+        kinds = [f"array of {_type(spec['items'])}" if k == "array" else k for k in kinds]
+    return " or ".join(k for k in kinds if k)
+
+
+def rows(schema: dict[str, Any], prefix: str = "") -> list[str]:
+    lines = []
+    for name, spec in schema.get("properties", {}).items():
+        field = f"{prefix}{name}"
+        if spec.get("type") == "object" and "properties" in spec:
+            description = " ".join(str(spec.get("description", "")).split())
+            lines.append(f"| **`{field}`** | section | | {description} |")
+            lines += rows(spec, f"{field}.")
+            continue
+        default = json.dumps(spec.get("default")) if "default" in spec else ""
+        description = " ".join(str(spec.get("description", "")).split()).replace("|", "\\|")
+        lines.append(f"| `{field}` | {_type(spec)} | `{default}` | {description} |")
+    return lines
+
+
+def render(schema_path: Path) -> str:
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    return HEADER + "\n".join(rows(schema)) + "\n"
+
+
+if __name__ == "__main__":
+    sys.stdout.write(render(Path(sys.argv[1] if len(sys.argv) > 1 else "config/schema.yaml")))
