@@ -10,6 +10,8 @@ rule aggregate:
         markdown=f"results/{RUN}/summary/summary.md",
     log:
         f"logs/{RUN}/aggregate.log",
+    conda:
+        "../envs/libero_eval.yaml"
     params:
         report=config["report"],
         run_id=RUN,

@@ -50,7 +50,9 @@ def get_server_of_shard(wildcards):
 
 def get_shard_episodes(wildcards):
     """The shard's episodes as [suite, task, init] triples (a rerun trigger when they change)."""
-    return [[e.suite, e.task_id, e.init_state_id] for e in SHARDS[wildcards.shard].episodes]
+    return [
+        [e.suite, e.task_id, e.init_state_id] for e in SHARDS[wildcards.shard].episodes
+    ]
 
 
 def get_server_settings(wildcards):
@@ -64,4 +66,4 @@ def get_envs_per_shard(wildcards=None):
 def print_summary():
     summary = Path(f"results/{RUN}/summary/summary.md")
     if summary.exists():
-        print("\n" + summary.read_text())
+        print(f"\n{summary.read_text()}")

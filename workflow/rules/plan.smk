@@ -7,6 +7,8 @@ rule plan:
         "results/{run}/plan.csv",
     log:
         "logs/{run}/plan.log",
+    conda:
+        "../envs/libero_eval.yaml"
     params:
         plan=config["plan"],
         num_slots=config["server"]["num_slots"],

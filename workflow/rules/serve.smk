@@ -3,12 +3,15 @@ rule serve:
         service("results/{run}/servers/slot{slot}.json"),
     log:
         "logs/{run}/serve/slot{slot}.log",
-    params:
-        settings=get_server_settings,
-        event_log=EVENT_LOG,
+    conda:
+        "../envs/libero_eval.yaml"
     threads: 0
     resources:
         gpu=lambda wc: 1 if config["server"]["backend"] == "sglang" else 0,
+    params:
+        settings=get_server_settings,
+        event_log=EVENT_LOG,
+        python=PYTHON,
     shell:
-        "exec {PYTHON} -m libero_eval.servers.launch --settings {params.settings:q}"
+        "exec {params.python} -m libero_eval.servers.launch --settings {params.settings:q}"
         " --service-file {output} --event-log {params.event_log} > {log} 2>&1"
