@@ -16,6 +16,9 @@ include: "workflow/rules/plan.smk"
 include: "workflow/rules/serve.smk"
 include: "workflow/rules/rollout.smk"
 include: "workflow/rules/aggregate.smk"
+include: "workflow/rules/report.smk"
+include: "workflow/rules/compare.smk"
+include: "workflow/rules/selftest.smk"
 
 
 rule all:

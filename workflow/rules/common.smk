@@ -29,7 +29,61 @@ wildcard_constraints:
 
 
 def get_final_output():
-    return rules.aggregate.output
+    return [
+        *rules.aggregate.output,
+        *get_report_outputs(),
+        *get_compare_outputs(),
+        *get_selftest_outputs(),
+    ]
+
+
+def get_report_outputs():
+    """Report material of this run: figures and tables, and the video page if videos are on."""
+    outputs = list(rules.report_figures.output)
+    if config["rollout"]["videos"]["enabled"]:
+        outputs += rules.report_videos.output
+    return outputs
+
+
+def get_compare_outputs():
+    """The configured comparison (compare.baseline and compare.candidate), or nothing."""
+    runs = {role: config["compare"][role] for role in ("baseline", "candidate")}
+    if not all(runs.values()):
+        return []
+    return expand(rules.compare_runs.output, **runs)
+
+
+def get_compare_target(wildcards):
+    if not get_compare_outputs():
+        raise WorkflowError(
+            "The compare target needs two run ids: set compare.baseline and "
+            "compare.candidate in the config, or pass "
+            "--config compare='{baseline: <run>, candidate: <run>}'"
+        )
+    return get_compare_outputs()
+
+
+def get_compared_episodes(wildcards):
+    """Both runs' per-episode tables; a run other than this config's must already exist."""
+    paths = {}
+    for role in ("baseline", "candidate"):
+        run = wildcards[role]
+        path = f"results/{run}/summary/episodes.parquet"
+        if run != RUN and not Path(path).is_file():
+            raise WorkflowError(
+                f"compare.{role}: {path} does not exist, so run {run!r} cannot be compared. "
+                f"Produce it first with `snakemake --cores all --configfile <config of {run}> "
+                f"--config run_id={run}`, or fix the run id."
+            )
+        paths[role] = path
+    return paths
+
+
+def get_selftest_outputs():
+    """The self-test verdict, when config selftest.min_success_once is set."""
+    if config["selftest"]["min_success_once"] is None:
+        return []
+    return rules.selftest.output
 
 
 def get_shard_outputs(wildcards):

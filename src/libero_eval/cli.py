@@ -1,0 +1,195 @@
+"""`libero-eval`: look at runs from the shell.
+
+libero-eval status results/<run>            one line, also while the evaluation runs
+libero-eval compare <baseline> <candidate>  paired comparison of two finished runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from libero_eval.plan import Episode
+from libero_eval.store import EpisodeStore
+
+
+def run_dir_of(run: str | Path, results_dir: str | Path = "results") -> Path:
+    """`run` as given if it is a path (a directory or has a '/'), else `<results_dir>/<run>`."""
+    path = Path(run)
+    return path if path.is_dir() or len(path.parts) > 1 else Path(results_dir) / path
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    """Progress of one run, read from its plan and its episode store."""
+
+    run_id: str
+    planned: int
+    done: int
+    successes: int
+    errors: int
+    elapsed_s: float | None
+    eta_s: float | None
+    fingerprint: str | None
+
+    def line(self) -> str:
+        def pct(part: int, whole: int) -> str:
+            return f"{100 * part / whole:.1f}%" if whole else "n/a"
+
+        def clock(seconds: float | None) -> str:
+            return "-" if seconds is None else str(datetime.timedelta(seconds=round(seconds)))
+
+        eta = "done" if self.done == self.planned and self.planned else clock(self.eta_s)
+        return (
+            f"{self.run_id}: {self.done}/{self.planned} episodes ({pct(self.done, self.planned)}), "
+            f"success_once {self.successes}/{self.done} ({pct(self.successes, self.done)}), "
+            f"errors {self.errors}, elapsed {clock(self.elapsed_s)}, ETA {eta}"
+        )
+
+
+def _planned_episodes(run_dir: Path) -> list[Episode]:
+    plan_path = run_dir / "plan.csv"
+    if not plan_path.is_file():
+        raise FileNotFoundError(
+            f"{plan_path} does not exist: {run_dir} is not a started run (the workflow's plan "
+            "step writes it first). Pass results/<run_id> of a run that has started."
+        )
+    plan = pd.read_csv(plan_path)
+    missing = {"suite", "task_id", "init_state_id"} - set(plan.columns)
+    if missing:
+        raise ValueError(f"{plan_path}: missing columns {sorted(missing)}; rerun the plan step")
+    return [Episode(str(r.suite), int(r.task_id), int(r.init_state_id)) for r in plan.itertuples()]
+
+
+def _newest_store(run_dir: Path, episodes: list[Episode]) -> EpisodeStore | None:
+    """The fingerprint directory whose planned-episode records changed last (the live one)."""
+    newest: tuple[float, EpisodeStore] | None = None
+    for root in sorted((run_dir / "episodes").glob("*/")):
+        store = EpisodeStore(root)
+        mtimes = [path.stat().st_mtime for path in map(store.path_for, episodes) if path.is_file()]
+        if mtimes and (newest is None or max(mtimes) > newest[0]):
+            newest = (max(mtimes), store)
+    return newest[1] if newest else None
+
+
+def run_status(run: str | Path, now: float | None = None) -> RunStatus:
+    """Progress of `run` (results/<run_id> or its id), read while the evaluation may run."""
+    run_dir = run_dir_of(run)
+    episodes = _planned_episodes(run_dir)
+    store = _newest_store(run_dir, episodes)
+    records = [r for r in map(store.load, episodes) if r is not None] if store else []
+    now = time.time() if now is None else now
+    elapsed = eta = None
+    if records:
+        started = min(r["finished_at"] - r["wall_time_s"] for r in records)
+        remaining = len(episodes) - len(records)
+        if remaining:
+            elapsed = max(now - started, 0.0)
+        else:  # finished: the time the run took, not the time since it started
+            elapsed = max(r["finished_at"] for r in records) - started
+        eta = elapsed / len(records) * remaining
+    return RunStatus(
+        run_id=run_dir.name,
+        planned=len(episodes),
+        done=len(records),
+        successes=sum(bool(r["success_once"]) for r in records),
+        errors=sum(r.get("error") is not None for r in records),
+        elapsed_s=elapsed,
+        eta_s=eta,
+        fingerprint=store.root.name if store else None,
+    )
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = run_status(args.run)
+    if args.json:
+        print(json.dumps(status.__dict__))
+    else:
+        print(status.line())
+    return 0
+
+
+def _compare(args: argparse.Namespace) -> int:
+    from libero_eval.compare import compare_runs, comparison_markdown, load_episodes
+
+    baseline_dir = run_dir_of(args.baseline, args.results_dir)
+    candidate_dir = run_dir_of(args.candidate, args.results_dir)
+    comparison = compare_runs(
+        load_episodes(baseline_dir),
+        load_episodes(candidate_dir),
+        baseline_name=baseline_dir.name,
+        candidate_name=candidate_dir.name,
+        metric=args.metric,
+        confidence=args.confidence,
+        n_resamples=args.resamples,
+        seed=args.seed,
+    )
+    if args.output_dir:
+        from libero_eval.compare import write_comparison
+
+        out = Path(args.output_dir)
+        write_comparison(
+            comparison,
+            {
+                "markdown": out / "comparison.md",
+                "html": out / "comparison.html",
+                "per_task": out / "per_task.csv",
+                "flipped": out / "flipped.csv",
+                "unmatched": out / "unmatched.csv",
+                "figure": out / "difference.png",
+            },
+        )
+    print(comparison_markdown(comparison), end="")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="libero-eval", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    status = commands.add_parser(
+        "status", help="one-line progress of a run (reads its plan and episode store)"
+    )
+    status.add_argument("run", help="results/<run_id> (or the run id)")
+    status.add_argument("--json", action="store_true", help="print the fields as JSON")
+    status.set_defaults(handler=_status)
+
+    compare = commands.add_parser(
+        "compare", help="paired comparison of two aggregated runs (prints Markdown)"
+    )
+    compare.add_argument("baseline", help="run id or results/<run_id> of the baseline")
+    compare.add_argument("candidate", help="run id or results/<run_id> of the candidate")
+    compare.add_argument(
+        "--metric", choices=["success_once", "success_at_end"], default="success_once"
+    )
+    compare.add_argument("--confidence", type=float, default=0.95)
+    compare.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
+    compare.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    compare.add_argument("--results-dir", default="results", help="where run ids are looked up")
+    compare.add_argument(
+        "--output-dir", help="also write comparison.md/html, CSVs and difference.png here"
+    )
+    compare.set_defaults(handler=_compare)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except (FileNotFoundError, ValueError) as exc:
+        print(f"libero-eval {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,362 @@
+"""Paired comparison of two runs that evaluated the same (suite, task, init state) episodes.
+
+Runs share LIBERO's fixed init states, so the comparison is per episode: a pair is the same
+(suite, task_id, init_state_id) in both runs. Discordant pairs carry all the information:
+`gained` = the candidate succeeded where the baseline failed, `lost` = the reverse. The
+difference in success rate is `(gained - lost) / n_pairs`; its significance is McNemar's exact
+test (a two-sided binomial test of `gained` out of `gained + lost` at p = 0.5) and its
+uncertainty a paired bootstrap interval (episode pairs resampled with replacement, fixed seed).
+Episodes that ended with an error count as failures, as in `libero_eval.aggregate`; episodes
+present in only one run are reported, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy.stats import binomtest
+
+from libero_eval.aggregate import METRICS
+
+PAIR_KEYS = ["suite", "task_id", "init_state_id"]
+
+
+def mcnemar_exact(lost: int, gained: int) -> float:
+    """Two-sided exact McNemar p-value from the discordant counts (1.0 when there are none)."""
+    if lost < 0 or gained < 0:
+        raise ValueError(f"discordant counts must be >= 0, got lost={lost}, gained={gained}")
+    if lost + gained == 0:
+        return 1.0
+    return float(binomtest(gained, lost + gained, 0.5, alternative="two-sided").pvalue)
+
+
+def paired_bootstrap_ci(
+    baseline: np.ndarray | pd.Series,
+    candidate: np.ndarray | pd.Series,
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile bootstrap interval of mean(candidate) - mean(baseline) over paired outcomes.
+
+    Resampling n pairs with replacement only changes how many pairs are gained, lost or tied,
+    so the resamples are drawn as multinomial counts of those three kinds: the same
+    distribution as resampling indices, in O(n_resamples) whatever the number of pairs.
+    """
+    a = np.asarray(baseline, dtype=bool)
+    b = np.asarray(candidate, dtype=bool)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(
+            f"baseline and candidate must be 1-D outcome arrays of one length, got shapes "
+            f"{a.shape} and {b.shape}"
+        )
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+    n = a.size
+    if n == 0:
+        return math.nan, math.nan
+    gained = int(np.sum(b & ~a))
+    lost = int(np.sum(a & ~b))
+    probabilities = np.array([gained, lost, n - gained - lost], dtype=float) / n
+    counts = np.random.default_rng(seed).multinomial(n, probabilities, size=n_resamples)
+    differences = (counts[:, 0] - counts[:, 1]) / n
+    alpha = 1 - confidence
+    low, high = np.quantile(differences, [alpha / 2, 1 - alpha / 2])
+    return float(low), float(high)
+
+
+def episodes_path(run: str | Path, results_dir: str | Path = "results") -> Path:
+    """`results/<run>/summary/episodes.parquet`; `run` may also be the run's directory."""
+    path = Path(run)
+    run_dir = path if path.is_dir() or len(path.parts) > 1 else Path(results_dir) / path
+    return run_dir / "summary" / "episodes.parquet"
+
+
+def load_episodes(run: str | Path, results_dir: str | Path = "results") -> pd.DataFrame:
+    """A finished run's per-episode table, with a clear error when it is missing."""
+    from libero_eval.store import read_results
+
+    path = episodes_path(run, results_dir)
+    if not path.is_file():
+        run_id = Path(run).name
+        raise FileNotFoundError(
+            f"{path} does not exist: run {run_id!r} has not been aggregated. Produce it with "
+            f"`snakemake --cores all --configfile <config of {run_id}> --config run_id={run_id}` "
+            "(the aggregate step writes it), or check the run id."
+        )
+    return read_results([path])
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A paired comparison; `table` has one row per task, per suite and overall (`level`)."""
+
+    baseline: str
+    candidate: str
+    metric: str
+    confidence: float
+    pairs: pd.DataFrame
+    unmatched: pd.DataFrame
+    table: pd.DataFrame
+    flipped: pd.DataFrame
+    runs: pd.DataFrame
+
+    @property
+    def overall(self) -> pd.Series:
+        return self.table[self.table["level"] == "overall"].iloc[0]
+
+
+def _check_unique(episodes: pd.DataFrame, name: str) -> None:
+    duplicated = episodes[episodes.duplicated(PAIR_KEYS, keep=False)]
+    if len(duplicated):
+        raise ValueError(
+            f"run {name!r} has {len(duplicated)} rows sharing a (suite, task_id, init_state_id), "
+            f"e.g. {duplicated[PAIR_KEYS].head(3).to_dict('records')}; each episode must count "
+            "once: use the aggregated results/<run>/summary/episodes.parquet"
+        )
+
+
+def _run_info(episodes: pd.DataFrame, name: str, metric: str) -> dict:
+    def values(column: str) -> str:
+        return ", ".join(str(v) for v in sorted(episodes[column].dropna().unique()))
+
+    return {
+        "run": name,
+        "episodes": len(episodes),
+        metric: int(episodes[metric].sum()),
+        "errors": int(episodes["error"].notna().sum()),
+        "protocol": values("protocol"),
+        "seed": values("seed"),
+    }
+
+
+def _difference_row(
+    group: pd.DataFrame, confidence: float, n_resamples: int, seed: int
+) -> dict[str, float | int]:
+    a, b = group["baseline"].to_numpy(bool), group["candidate"].to_numpy(bool)
+    n = a.size
+    gained, lost = int(np.sum(b & ~a)), int(np.sum(a & ~b))
+    low, high = paired_bootstrap_ci(a, b, confidence, n_resamples, seed)
+    return {
+        "n_pairs": n,
+        "baseline_successes": int(a.sum()),
+        "candidate_successes": int(b.sum()),
+        "baseline_rate": a.mean() if n else math.nan,
+        "candidate_rate": b.mean() if n else math.nan,
+        "difference": (gained - lost) / n if n else math.nan,
+        "difference_ci_low": low,
+        "difference_ci_high": high,
+        "gained": gained,
+        "lost": lost,
+        "mcnemar_p": mcnemar_exact(lost, gained),
+    }
+
+
+def compare_runs(
+    baseline: pd.DataFrame,
+    candidate: pd.DataFrame,
+    baseline_name: str = "baseline",
+    candidate_name: str = "candidate",
+    metric: str = "success_once",
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> Comparison:
+    """Pair episodes by (suite, task_id, init_state_id) and compare `metric` per pair."""
+    if metric not in METRICS:
+        raise ValueError(f"compare.metric: {metric!r} is not one of {list(METRICS)}")
+    for name, episodes in ((baseline_name, baseline), (candidate_name, candidate)):
+        missing = {*PAIR_KEYS, metric, "error", "task_language"} - set(episodes.columns)
+        if missing:
+            raise ValueError(
+                f"run {name!r} lacks columns {sorted(missing)}; pass the aggregated "
+                "results/<run>/summary/episodes.parquet"
+            )
+        _check_unique(episodes, name)
+
+    def side(episodes: pd.DataFrame, tag: str) -> pd.DataFrame:
+        columns = {metric: tag, "error": f"{tag}_error", "task_language": f"{tag}_language"}
+        if "video_path" in episodes.columns:
+            columns["video_path"] = f"{tag}_video"
+        frame = episodes[[*PAIR_KEYS, *columns]].rename(columns=columns)
+        frame[tag] = frame[tag].astype(bool)
+        return frame.astype({"task_id": int, "init_state_id": int})
+
+    merged = side(baseline, "baseline").merge(
+        side(candidate, "candidate"), on=PAIR_KEYS, how="outer", indicator=True
+    )
+    only = {"left_only": baseline_name, "right_only": candidate_name}
+    unmatched = merged[merged["_merge"] != "both"][[*PAIR_KEYS, "_merge"]]
+    unmatched = unmatched.assign(only_in=unmatched.pop("_merge").map(only).astype(str))
+    pairs = merged[merged["_merge"] == "both"].drop(columns="_merge")
+    pairs = pairs.assign(
+        task_language=pairs["baseline_language"].fillna(pairs["candidate_language"]),
+        baseline=pairs["baseline"].astype(bool),
+        candidate=pairs["candidate"].astype(bool),
+    ).drop(columns=["baseline_language", "candidate_language"])
+    pairs = pairs.sort_values(PAIR_KEYS, ignore_index=True)
+
+    rows = []
+    for (suite, task_id), group in pairs.groupby(["suite", "task_id"], sort=True):
+        rows.append(
+            {
+                "level": "task",
+                "suite": suite,
+                "task_id": int(task_id),
+                "task_language": group["task_language"].iloc[0],
+                **_difference_row(group, confidence, n_resamples, seed),
+            }
+        )
+    for suite, group in pairs.groupby("suite", sort=True):
+        rows.append(
+            {
+                "level": "suite",
+                "suite": suite,
+                **_difference_row(group, confidence, n_resamples, seed),
+            }
+        )
+    rows.append(
+        {
+            "level": "overall",
+            "suite": "all",
+            **_difference_row(pairs, confidence, n_resamples, seed),
+        }
+    )
+    table = pd.DataFrame(rows)
+    table["task_id"] = table.get("task_id", pd.Series(dtype="Int64")).astype("Int64")
+
+    flipped = pairs[pairs["baseline"] != pairs["candidate"]].copy()
+    flipped.insert(3, "change", np.where(flipped["candidate"], "gained", "lost"))
+    runs = pd.DataFrame(
+        [
+            _run_info(baseline, baseline_name, metric),
+            _run_info(candidate, candidate_name, metric),
+        ]
+    )
+    return Comparison(
+        baseline=baseline_name,
+        candidate=candidate_name,
+        metric=metric,
+        confidence=confidence,
+        pairs=pairs,
+        unmatched=unmatched.sort_values(PAIR_KEYS, ignore_index=True),
+        table=table,
+        flipped=flipped.reset_index(drop=True),
+        runs=runs,
+    )
+
+
+def _pct(value: float, decimals: int) -> str:
+    return "n/a" if math.isnan(value) else f"{100 * value:.{decimals}f}%"
+
+
+def _signed_pct(value: float, decimals: int) -> str:
+    return "n/a" if math.isnan(value) else f"{100 * value:+.{decimals}f}"
+
+
+def _p(value: float) -> str:
+    return f"{value:.4f}" if value >= 1e-4 else f"{value:.1e}"
+
+
+def comparison_markdown(comparison: Comparison, decimals: int = 1) -> str:
+    """The comparison as Markdown: overall and suites, tasks, flipped and unmatched episodes."""
+    c = comparison
+    level = f"{round(c.confidence * 100)}%"
+    header = (
+        f"| | `{c.baseline}` | `{c.candidate}` | difference, points ({level} bootstrap CI) "
+        "| gained | lost | McNemar exact p |\n|---|---|---|---|---|---|---|\n"
+    )
+
+    def line(row: pd.Series, label: str) -> str:
+        return (
+            f"| {label} | {_pct(row['baseline_rate'], decimals)} "
+            f"({row['baseline_successes']}/{row['n_pairs']}) "
+            f"| {_pct(row['candidate_rate'], decimals)} "
+            f"({row['candidate_successes']}/{row['n_pairs']}) "
+            f"| {_signed_pct(row['difference'], decimals)} "
+            f"[{_signed_pct(row['difference_ci_low'], decimals)}, "
+            f"{_signed_pct(row['difference_ci_high'], decimals)}] "
+            f"| {row['gained']} | {row['lost']} | {_p(row['mcnemar_p'])} |\n"
+        )
+
+    overall = c.overall
+    parts = [
+        f"# Paired comparison: `{c.candidate}` vs `{c.baseline}`\n\n",
+        f"Metric `{c.metric}`; {overall['n_pairs']} episode pairs matched by "
+        "(suite, task, init state). Difference = candidate - baseline; gained = candidate "
+        "succeeded where baseline failed, lost = the reverse.\n\n",
+        "| run | episodes | successes | errors | protocol | seed |\n|---|---|---|---|---|---|\n",
+    ]
+    for _, run in c.runs.iterrows():
+        parts.append(
+            f"| `{run['run']}` | {run['episodes']} | {run[c.metric]} | {run['errors']} "
+            f"| {run['protocol']} | {run['seed']} |\n"
+        )
+    parts += ["\n## Overall and suites\n\n", header]
+    for _, row in c.table[c.table["level"] != "task"].iterrows():
+        parts.append(line(row, "**all**" if row["level"] == "overall" else row["suite"]))
+    parts += ["\n## Tasks\n\n", header]
+    for _, row in c.table[c.table["level"] == "task"].iterrows():
+        parts.append(line(row, f"{row['suite']} {row['task_id']}: {row['task_language']}"))
+    parts.append(f"\n## Flipped episodes ({len(c.flipped)})\n\n")
+    if len(c.flipped):
+        parts.append("| suite | task | init state | change | baseline error | candidate error |\n")
+        parts.append("|---|---|---|---|---|---|\n")
+        for _, row in c.flipped.iterrows():
+            parts.append(
+                f"| {row['suite']} | {row['task_id']} | {row['init_state_id']} | {row['change']} "
+                f"| {_cell(row['baseline_error'])} | {_cell(row['candidate_error'])} |\n"
+            )
+    else:
+        parts.append("None: every pair has the same outcome.\n")
+    parts.append(f"\n## Unmatched episodes ({len(c.unmatched)})\n\n")
+    if len(c.unmatched):
+        parts.append(
+            "Present in one run only, left out of every number above.\n\n"
+            "| suite | task | init state | only in |\n|---|---|---|---|\n"
+        )
+        for _, row in c.unmatched.iterrows():
+            parts.append(
+                f"| {row['suite']} | {row['task_id']} | {row['init_state_id']} "
+                f"| `{row['only_in']}` |\n"
+            )
+    else:
+        parts.append("None: both runs evaluated the same episodes.\n")
+    return "".join(parts)
+
+
+def _cell(value: object) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
+        return ""
+    return str(value).splitlines()[0].replace("|", "\\|")[:120]
+
+
+def write_comparison(comparison: Comparison, outputs: dict[str, str | Path]) -> None:
+    """Write the outputs named in `outputs`: markdown, per_task, flipped, figure, html."""
+    for key, path in outputs.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if key == "markdown":
+            Path(path).write_text(comparison_markdown(comparison))
+        elif key == "per_task":
+            comparison.table.to_csv(path, index=False)
+        elif key == "flipped":
+            comparison.flipped.to_csv(path, index=False)
+        elif key == "unmatched":
+            comparison.unmatched.to_csv(path, index=False)
+        elif key == "figure":
+            from libero_eval.report import difference_figure, save_figure
+
+            save_figure(difference_figure(comparison), path)
+        elif key == "html":
+            from libero_eval.report import comparison_html
+
+            Path(path).write_text(comparison_html(comparison))
+        else:
+            raise ValueError(
+                f"unknown comparison output {key!r}; use markdown, per_task, flipped, "
+                "unmatched, figure or html"
+            )

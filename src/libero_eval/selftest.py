@@ -1,0 +1,47 @@
+"""The self-test verdict: did the scripted expert succeed through our action conversion?
+
+The expert plans from privileged state and answers in the model's output space (normalized
+rot6d), so its actions go through exactly the client conversion a Cosmos3 checkpoint's do:
+stats block, de-normalization, rot6d layout and orthonormalization, gripper mapping, chunk
+handling. A wrong convention there drops its success to about zero. It reads no images, so
+it cannot catch image conventions (180-degree flip, camera order, resize/pad); tests pin
+those separately (tests/test_actions.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+
+class SelfTestFailed(RuntimeError):
+    """The expert's success rate fell below the threshold."""
+
+
+CHECKS = (
+    "policy.normalization / action_stats_path (quantile_rot needs the global_raw block)",
+    "rot6d layout: the first two COLUMNS of the rotation matrix",
+    "policy.gripper_mapping: g = 1 is open (LIBERO -1)",
+    "policy.num_action_chunks / num_frames",
+)
+
+
+def verdict(summary_tables: Path | str, min_success_once: float) -> str:
+    """A one-line pass message, or SelfTestFailed naming what to check."""
+    table = pd.read_parquet(summary_tables)
+    overall = table[table["level"] == "overall"].iloc[0]
+    rate, n = float(overall["success_once"]), int(overall["num_trajectories"])
+    per_suite = ", ".join(
+        f"{row.suite} {row.success_once:.0%}"
+        for row in table[table["level"] == "suite"].itertuples()
+    )
+    if rate < min_success_once:
+        raise SelfTestFailed(
+            f"SELF-TEST FAILED: the scripted expert succeeded on {rate:.0%} of {n} episodes "
+            f"({per_suite}); the threshold is {min_success_once:.0%}. Its actions take the same "
+            "client conversion as the model's, so a convention is wrong. Check:\n  - "
+            + "\n  - ".join(CHECKS)
+            + "\nDo not start the GPU run until this passes."
+        )
+    return f"self-test passed: expert success_once {rate:.0%} of {n} episodes ({per_suite})"
