@@ -1,0 +1,122 @@
+"""Render on demand changes nothing the policy sees or does.
+
+The same episodes (same init states, same seeded action chunks) run once with per-step camera
+rendering (`render_mode="every_step"`, what every peer does) and once with the lazy camera
+sensor (`render_mode="on_demand"`). At every policy query the observation images must be
+byte-identical, the MuJoCo state identical, and each episode must end with the same outcome.
+Video frames kept at a stride (rendered on demand at exactly those steps) must match as well.
+
+This also guards the robosuite 1.4.0 internals the lazy sensor relies on
+(`Observable._sensor`, `_setup_observables` on hard resets, the per-observable sampling clock):
+if a robosuite upgrade changes them, these comparisons fail.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.libero
+
+CHUNK = 16
+MAX_STEPS = 32  # two chunks: one query after the settle steps, one after the first chunk
+VIDEO_STRIDE = 8
+# (suite, task_id, init states run back to back on one env: the second goes through a reset)
+CASES = [
+    ("libero_spatial", 0, (0, 1)),
+    ("libero_object", 3, (2,)),
+]
+
+
+def _chunks(seed: int, count: int) -> list[np.ndarray]:
+    """Seeded random LIBERO action chunks: deltas in [-1, 1], gripper -1 or +1."""
+    rng = np.random.default_rng(seed)
+    chunks = []
+    for _ in range(count):
+        chunk = rng.uniform(-1.0, 1.0, size=(CHUNK, 7))
+        chunk[:, 6] = np.where(rng.random(CHUNK) < 0.5, -1.0, 1.0)
+        chunks.append(chunk)
+    return chunks
+
+
+def _run_episodes(render_mode: str, suite: str, task_id: int, init_states: tuple[int, ...]):
+    """Per episode: the queries' images and sim states, the kept video frames, the outcome."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    from libero_eval.rollout.env_worker import (
+        EnvSettings,
+        EpisodeOutcome,
+        EpisodeSpec,
+        LiberoEpisodeEnv,
+    )
+    from libero_eval.rollout.protocols import get_protocol
+
+    env = LiberoEpisodeEnv(
+        EnvSettings(render_mode=render_mode, video_stride=VIDEO_STRIDE, env_seed=1140),
+        get_protocol("rlinf", max_steps_override=MAX_STEPS),
+    )
+    episodes = []
+    try:
+        for init_state in init_states:
+            queries = []
+            observation = env.start_episode(EpisodeSpec(suite, task_id, init_state))
+            queries.append((observation, env.sim_state()))
+            result = None
+            for chunk in _chunks(seed=1000 * task_id + init_state, count=MAX_STEPS // CHUNK):
+                result = env.step_chunk(chunk)
+                if isinstance(result, EpisodeOutcome):
+                    break
+                queries.append((result, env.sim_state()))
+            assert isinstance(result, EpisodeOutcome), "the episode must end after max_steps"
+            episodes.append({"queries": queries, "final_state": env.sim_state(), "outcome": result})
+    finally:
+        env.close()
+    return episodes
+
+
+@pytest.mark.parametrize(("suite", "task_id", "init_states"), CASES)
+def test_on_demand_rendering_matches_per_step_rendering(suite, task_id, init_states):
+    every_step = _run_episodes("every_step", suite, task_id, init_states)
+    on_demand = _run_episodes("on_demand", suite, task_id, init_states)
+
+    assert len(every_step) == len(on_demand) == len(init_states)
+    for init_state, reference, lazy in zip(init_states, every_step, on_demand, strict=True):
+        where = f"{suite} task {task_id} init {init_state}"
+        assert len(reference["queries"]) == len(lazy["queries"]) == MAX_STEPS // CHUNK
+        for index, ((ref_obs, ref_state), (obs, state)) in enumerate(
+            zip(reference["queries"], lazy["queries"], strict=True)
+        ):
+            query = f"{where}, query {index}"
+            for camera in ("agentview", "wrist"):
+                ref_image, image = getattr(ref_obs, camera), getattr(obs, camera)
+                assert image.dtype == np.uint8 and image.shape == (256, 256, 3), query
+                assert image.tobytes() == ref_image.tobytes(), f"{query}: {camera} differs"
+                # A placeholder (all zeros) would also be identical to a missing render.
+                assert image.any(), f"{query}: {camera} is blank"
+            assert obs.task_language == ref_obs.task_language
+            np.testing.assert_array_equal(state, ref_state, err_msg=f"{query}: sim state")
+        np.testing.assert_array_equal(
+            lazy["final_state"], reference["final_state"], err_msg=f"{where}: final sim state"
+        )
+
+        ref_outcome, outcome = reference["outcome"], lazy["outcome"]
+        assert (
+            outcome.success_once,
+            outcome.success_at_end,
+            outcome.first_success_step,
+            outcome.steps,
+        ) == (
+            ref_outcome.success_once,
+            ref_outcome.success_at_end,
+            ref_outcome.first_success_step,
+            ref_outcome.steps,
+        ), f"{where}: outcome differs"
+        assert outcome.steps == MAX_STEPS
+
+        # Video frames: the settle frame plus every VIDEO_STRIDE-th policy step.
+        assert len(outcome.frames) == len(ref_outcome.frames) == 1 + MAX_STEPS // VIDEO_STRIDE
+        for number, (ref_frame, frame) in enumerate(
+            zip(ref_outcome.frames, outcome.frames, strict=True)
+        ):
+            assert frame.tobytes() == ref_frame.tobytes(), f"{where}: video frame {number}"
