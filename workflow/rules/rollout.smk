@@ -9,6 +9,7 @@ rule rollout:
         "../envs/libero_eval.yaml"
     threads: get_envs_per_shard
     resources:
+        **slurm_placement(),
         mem_mb=lambda wc, attempt: get_envs_per_shard()
         * config["rollout"]["mem_mb_per_env"]
         * attempt,

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 import traceback
@@ -50,6 +51,7 @@ class EpisodeSpec:
     suite: str
     task_id: int
     init_state_id: int
+    fault: str | None = None  # fault injection only (libero_eval.faults): "crash" or "raise"
 
 
 @dataclass
@@ -298,9 +300,11 @@ class LiberoEpisodeEnv:
 
 
 # -- worker process ----------------------------------------------------------------------------
-def _worker_main(conn, settings: EnvSettings, protocol: EpisodeProtocol) -> None:
+def _worker_main(
+    conn, settings: EnvSettings, protocol: EpisodeProtocol, name: str = "libero-env"
+) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    _exit_with_parent()
+    _exit_with_parent(name)
     env = LiberoEpisodeEnv(settings, protocol)
     while True:
         try:
@@ -311,7 +315,11 @@ def _worker_main(conn, settings: EnvSettings, protocol: EpisodeProtocol) -> None
             break
         try:
             if command == "start":
+                if payload.fault == "raise":
+                    raise RuntimeError("injected env error (LIBERO_EVAL_FAULT)")
                 result: Any = env.start_episode(payload)
+                if payload.fault == "crash":
+                    os.kill(os.getpid(), signal.SIGKILL)
             elif command == "chunk":
                 result = env.step_chunk(payload)
             else:
@@ -323,14 +331,18 @@ def _worker_main(conn, settings: EnvSettings, protocol: EpisodeProtocol) -> None
     env.close()
 
 
-def _exit_with_parent() -> None:
-    """Ask Linux to SIGKILL this worker when its parent (the shard process) dies."""
+def _exit_with_parent(name: str) -> None:
+    """Ask Linux to SIGKILL this worker when its parent (the shard process) dies, and name it
+    (`/proc/PID/comm`, what `ps` and psutil's name() show) so leftovers are easy to find."""
     try:
         import ctypes
-        import signal
 
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+        parent = mp.parent_process()
+        if parent is not None and os.getppid() != parent.pid:
+            os._exit(1)  # the shard died before the death signal was armed
     except Exception:  # noqa: BLE001 - best effort on non-Linux
         pass
 
@@ -352,7 +364,7 @@ class EnvWorker:
         parent_conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
             target=_worker_main,
-            args=(child_conn, self.settings, self.protocol),
+            args=(child_conn, self.settings, self.protocol, f"libero-env-{self.index}"),
             name=f"libero-env-{self.index}",
             daemon=True,
         )
@@ -378,6 +390,16 @@ class EnvWorker:
     def restart(self) -> None:
         self.stop()
         self.start()
+
+    def kill(self) -> None:
+        """Stop at once (the shard is failing: an episode in flight is lost anyway)."""
+        if self.process is None:
+            return
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+        self.process = None
 
     def stop(self) -> None:
         if self.process is None:

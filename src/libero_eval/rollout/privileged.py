@@ -13,12 +13,15 @@ Layout (all positions in metres, world frame; quaternions x, y, z, w):
       "language": str,
       "goal": [["on", "akita_black_bowl_1", "plate_1"], ...],
       "goal_satisfied": [bool, ...],            # one per goal predicate
-      "robot": {"eef_pos": [3], "eef_quat": [4], "gripper_qpos": [2]},
+      "robot": {"eef_pos": [3], "eef_quat": [4], "gripper_qpos": [2],
+                "eef_vel": [3], "eef_angvel": [3]},      # m/s, rad/s
       "objects": {name: {"pos": [3], "quat": [4], "bbox_min": [3], "bbox_max": [3],
                          "local_bbox_min": [3], "local_bbox_max": [3],  # body frame
+                         "ray_clearance": [16],  # movable objects only, see ray_clearance
                          "fixture": bool, "grasped": bool, "touched": bool}},
       "joints": {joint: {"owner": str, "type": "slide" | "hinge", "qpos": float,
-                         "axis": [3], "anchor": [3], "bbox_min": [3], "bbox_max": [3]}},
+                         "axis": [3], "anchor": [3], "bbox_min": [3], "bbox_max": [3],
+                         "geoms": [[min xyz, max xyz], ...]}},  # moving part, per geom
       "articulation": {owner: {"default_open_ranges": [..], ...}},
       "sites": {name: {"pos": [3], "xmat": [9], "size": [3], "parent": str | None,
                        "joints": [str]}},
@@ -29,9 +32,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import mujoco
 import numpy as np
 
 _JOINT_TYPE_NAMES = {2: "slide", 3: "hinge"}
+RAY_DIRECTIONS = 16  # horizontal clearance rays per object, counter-clockwise from +x
+RAY_MAX_DISTANCE = 0.25
+_ROBOT_BODY_PREFIXES = ("robot0_", "gripper0_", "mount0_")
 
 
 def _unwrap_libero_env(env: Any) -> Any:
@@ -74,6 +81,14 @@ class _GeometryIndex:
                 chain.add(parent)
             ancestors.append(chain)
         self._ancestors = ancestors
+        robot_bodies = {
+            b
+            for b in range(model.nbody)
+            if (mujoco.mj_id2name(model, mujoco.mjtObj.mjOBJ_BODY, b) or "").startswith(
+                _ROBOT_BODY_PREFIXES
+            )
+        }
+        self.robot_geoms = {g for g in range(model.ngeom) if int(self.geom_body[g]) in robot_bodies}
 
     def geoms_under(self, body_id: int) -> np.ndarray:
         if body_id not in self.subtree_geoms:
@@ -94,6 +109,35 @@ class _GeometryIndex:
         xpos = np.asarray(data.geom_xpos)[geoms]
         corners = np.einsum("gij,gkj->gki", xmat, corners_local) + xpos[:, None, :]
         return corners.reshape(-1, 3)
+
+
+def ray_clearance(
+    geometry: _GeometryIndex, data: Any, body_id: int, origin: np.ndarray
+) -> list[float]:
+    """Free horizontal distance from ``origin`` to the nearest collision geom of anything but
+    the body itself and the robot, along RAY_DIRECTIONS directions (capped at
+    RAY_MAX_DISTANCE)."""
+    model = geometry.model
+    group = np.array([1, 0, 0, 0, 0, 0], dtype=np.uint8)  # collision geoms (group 0)
+    hit = np.array([-1], dtype=np.int32)
+    distances = []
+    for k in range(RAY_DIRECTIONS):
+        angle = 2 * np.pi * k / RAY_DIRECTIONS
+        direction = np.array([np.cos(angle), np.sin(angle), 0.0])
+        travelled = 0.0
+        start = origin.astype(np.float64).copy()
+        while True:
+            distance = mujoco.mj_ray(model, data, start, direction, group, 1, body_id, hit)
+            if distance < 0 or travelled + distance >= RAY_MAX_DISTANCE:
+                travelled = RAY_MAX_DISTANCE
+                break
+            if int(hit[0]) not in geometry.robot_geoms:
+                travelled += distance
+                break
+            travelled += distance + 1e-4
+            start = start + direction * (distance + 1e-4)
+        distances.append(min(travelled, RAY_MAX_DISTANCE))
+    return distances
 
 
 _GEOMETRY_CACHE: dict[int, _GeometryIndex] = {}
@@ -160,6 +204,8 @@ def privileged_state(env: Any, obs: dict[str, Any] | None = None) -> dict[str, A
             "robot0_gripper_qpos",
             [data.qpos[i] for i in inner.robots[0]._ref_gripper_joint_pos_indexes],
         ),
+        "eef_vel": _floats(data.get_site_xvelp(model.site_id2name(eef_site))),
+        "eef_angvel": _floats(data.get_site_xvelr(model.site_id2name(eef_site))),
     }
 
     touching_left, touching_right = _gripper_contacts(inner)
@@ -190,6 +236,14 @@ def privileged_state(env: Any, obs: dict[str, Any] | None = None) -> dict[str, A
             ).reshape(3, 3)
             entry["local_bbox_min"] = _floats(local.min(axis=0))
             entry["local_bbox_max"] = _floats(local.max(axis=0))
+            if not is_fixture:
+                low, high = corners.min(axis=0), corners.max(axis=0)
+                center = (low + high) / 2
+                rays = []
+                for depth in (0.008, 0.025, 0.04):
+                    origin = np.array([center[0], center[1], max(high[2] - depth, low[2] + 0.004)])
+                    rays.append(ray_clearance(geometry, raw_data, body_id, origin))
+                entry["ray_clearance"] = _floats(np.min(rays, axis=0))
         objects[name] = entry
 
         properties = getattr(mujoco_object, "object_properties", None) or {}
@@ -210,10 +264,15 @@ def privileged_state(env: Any, obs: dict[str, Any] | None = None) -> dict[str, A
                 "axis": _floats(data.xaxis[joint_id]),
                 "anchor": _floats(data.xanchor[joint_id]),
             }
-            part = geometry.corners(raw_data, geometry.geoms_under(child_body))
+            part_geoms = geometry.geoms_under(child_body)
+            part = geometry.corners(raw_data, part_geoms)
             if part is not None:
                 joint_entry["bbox_min"] = _floats(part.min(axis=0))
                 joint_entry["bbox_max"] = _floats(part.max(axis=0))
+                boxes = part.reshape(len(part_geoms), 8, 3)
+                joint_entry["geoms"] = [
+                    _floats(np.concatenate([box.min(axis=0), box.max(axis=0)])) for box in boxes
+                ]
             joints[joint_name] = joint_entry
 
     sites: dict[str, Any] = {}

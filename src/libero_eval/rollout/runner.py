@@ -5,6 +5,12 @@ observation; ready observations are grouped by prompt (the server rejects mixed 
 batch), cut to the server's max batch size and sent on a small pool of HTTP threads; while a
 request is in flight the other workers keep stepping. Each finished episode is written to the
 episode store at once, so a killed shard loses only the episodes in flight.
+
+Failures: an episode whose env raises, or whose policy answer is unusable (NaN, wrong shape,
+undecodable), is recorded with its error and the shard goes on; an env worker process that
+dies is restarted and its episode retried once. A server that stays unreachable after the
+client's retries, rejects requests (4xx), or answers garbage to several requests in a row
+fails the shard with `ShardFailed`; finished episodes stay in the store for the rerun.
 """
 
 from __future__ import annotations
@@ -17,7 +23,6 @@ import time
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
@@ -26,11 +31,13 @@ from typing import Any
 import numpy as np
 
 from libero_eval.eventlog import episode_line, log_event
+from libero_eval.faults import Faults, active_faults
 from libero_eval.plan import Episode
 from libero_eval.policy.adapters import make_adapter
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
 from libero_eval.policy.client import (
     PolicyClient,
+    PolicyClientError,
     PolicyRequestRejected,
     PolicyResponseError,
     PolicyServerUnavailable,
@@ -66,6 +73,8 @@ class ShardSettings:
     max_inflight_requests: int = 1
     health_timeout_s: float = 900.0
     max_episode_attempts: int = 2  # an episode whose env worker dies is retried once
+    # this many unusable answers in a row (no good one between) mean a broken server
+    max_consecutive_bad_responses: int = 3
     event_log: Path | None = None
     video_dir: Path | None = None
 
@@ -133,6 +142,41 @@ def _save_video(frames: list[np.ndarray], video_dir: Path, episode: Episode, suc
     return str(path)
 
 
+class _HttpPool:
+    """A few daemon threads running policy calls.
+
+    Daemon threads, unlike ThreadPoolExecutor's, never hold up the exit of a failing shard
+    while a request to a dead server waits for its timeout.
+    """
+
+    def __init__(self, size: int, call: Callable[[Any], None]):
+        self._tasks: queue.Queue = queue.Queue()
+        self._call = call
+        self._threads = [
+            threading.Thread(target=self._work, name=f"policy-{i}", daemon=True)
+            for i in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _work(self) -> None:
+        while True:
+            task = self._tasks.get()
+            if task is None:
+                return
+            self._call(task)
+
+    def submit(self, task: Any) -> None:
+        self._tasks.put(task)
+
+    def close(self, wait: bool) -> None:
+        for _ in self._threads:
+            self._tasks.put(None)
+        if wait:
+            for thread in self._threads:
+                thread.join()
+
+
 class ShardRunner:
     """Runs one shard's episodes against one policy server."""
 
@@ -144,8 +188,10 @@ class ShardRunner:
         adapter: PolicyAdapter | None = None,
         progress: Callable[[int, int, int], None] | None = None,
         max_batch_size: int = 1,
+        faults: Faults | None = None,
     ):
         self.settings = settings
+        self.faults = faults
         self.max_batch_size = max_batch_size
         self.store = store
         self.url = server_url
@@ -221,9 +267,12 @@ class ShardRunner:
         inflight = 0
         done = done_before
         successes = 0
-        executor = ThreadPoolExecutor(
-            max_workers=s.max_inflight_requests, thread_name_prefix="policy"
-        )
+        persisted = 0  # episodes this process wrote (fault injection counts these)
+        starts = 0  # first attempts of episodes started by this process
+        bad_in_a_row = 0  # consecutive unusable policy answers
+        nan_chunk_for: set[int] = set()  # workers whose next chunk a fault turns into NaN
+        faults = self.faults
+        pool = _HttpPool(s.max_inflight_requests, self._call_policy)
         fatal: BaseException | None = None
 
         def next_episode_for(worker: EnvWorker) -> Episode | None:
@@ -240,13 +289,24 @@ class ShardRunner:
             return todo.pop(0)
 
         def start(worker: EnvWorker, episode: Episode, attempt: int = 1) -> None:
+            nonlocal starts
             running[worker.index] = _Running(episode, time.perf_counter(), attempt)
-            worker.send("start", EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id))
+            spec = EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id)
+            if faults is not None and attempt == 1:
+                starts += 1
+                if starts == faults.crash_env_at_episode:
+                    spec.fault = "crash"
+                elif starts == faults.raise_env_at_episode:
+                    spec.fault = "raise"
+                elif starts == faults.nan_action_at_episode:
+                    nan_chunk_for.add(worker.index)
+            worker.send("start", spec)
 
         def finish(worker: EnvWorker, record: dict[str, Any]) -> None:
-            nonlocal done, successes
+            nonlocal done, successes, persisted
             episode = running[worker.index].episode
             self.store.write(episode, record)
+            persisted += 1
             done += 1
             successes += int(record["success_once"])
             line = episode_line(
@@ -261,6 +321,8 @@ class ShardRunner:
             log_event(s.event_log, f"rollout {s.shard}", line)
             if self.progress:
                 self.progress(done, total, successes)
+            if faults is not None:
+                faults.after_episode_persisted(s.shard, persisted)
             following = next_episode_for(worker)
             del running[worker.index]
             if following is not None:
@@ -324,6 +386,17 @@ class ShardRunner:
                         raise ShardFailed(
                             f"{s.shard}: policy server {self.url} failed: {value}"
                         ) from value
+                    if status == "error" and isinstance(value, PolicyResponseError):
+                        bad_in_a_row += 1
+                        if bad_in_a_row >= s.max_consecutive_bad_responses:
+                            raise ShardFailed(
+                                f"{s.shard}: policy server {self.url} gave {bad_in_a_row} "
+                                f"unusable answers in a row, last: {value}. Check that the "
+                                "URL points at a policy server of the configured family "
+                                "(policy.family) and read its log"
+                            ) from value
+                    elif status == "ok":
+                        bad_in_a_row = 0
                     for position, (index, _obs) in enumerate(batch):
                         worker = workers[index]
                         running[index].latencies.append(latency)
@@ -335,21 +408,29 @@ class ShardRunner:
                             )
                             fail_episode(worker, f"{kind}: {value}")
                         else:
-                            worker.send("chunk", value[position])
+                            chunk = value[position]
+                            if index in nan_chunk_for:
+                                nan_chunk_for.discard(index)
+                                chunk = np.full_like(np.asarray(chunk, dtype=float), np.nan)
+                            worker.send("chunk", chunk)
                 # Send what is ready, grouped by prompt, while request slots are free.
                 while ready and inflight < s.max_inflight_requests:
                     batch = self._take_batch(ready)
                     inflight += 1
-                    executor.submit(self._call_policy, batch)
+                    pool.submit(batch)
         except BaseException as exc:
             fatal = exc
             raise
         finally:
-            executor.shutdown(wait=fatal is None, cancel_futures=True)
+            pool.close(wait=fatal is None)
             for worker in workers:
-                worker.stop()
-            for client in self._clients:
-                client.close()
+                if fatal is None:
+                    worker.stop()
+                else:  # a failing shard loses its in-flight episodes anyway: don't wait
+                    worker.kill()
+            if fatal is None:
+                for client in self._clients:
+                    client.close()
 
     def _take_batch(self, ready: list[tuple[int, Observation]]) -> list[tuple[int, Observation]]:
         """The oldest prompt group among ready observations, up to the max batch size."""
@@ -376,10 +457,19 @@ def run_shard(
     pending = [ep for ep in episodes if ep not in store.finished(episodes)]
     max_batch = 1
     if pending:
-        probe = PolicyClient(server_url, timeout_s=30, max_retries=settings.client.max_retries)
+        probe = PolicyClient(
+            server_url,
+            timeout_s=min(30.0, settings.client.timeout_s),
+            max_retries=settings.client.max_retries,
+            retry_backoff_s=settings.client.retry_backoff_s,
+        )
         try:
             probe.wait_until_healthy(settings.health_timeout_s)
             max_batch = probe.max_batch_size()
+        except PolicyClientError as exc:
+            raise ShardFailed(
+                f"{settings.shard}: policy server {server_url} is not usable: {exc}"
+            ) from exc
         finally:
             probe.close()
     bar = None
@@ -395,7 +485,12 @@ def run_shard(
             bar.refresh()
 
     runner = ShardRunner(
-        settings, store, server_url, progress=on_progress, max_batch_size=max_batch
+        settings,
+        store,
+        server_url,
+        progress=on_progress,
+        max_batch_size=max_batch,
+        faults=active_faults(),
     )
     try:
         records = runner.run(episodes)

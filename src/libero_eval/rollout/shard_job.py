@@ -1,18 +1,30 @@
-"""A rollout job as the workflow runs it: config → settings → wait for the server → shard."""
+"""A rollout job as the workflow runs it: config → settings → wait for the server → shard.
+
+The job process follows its parent: when Snakemake (or the Slurm job step) dies, even by
+SIGKILL, the job gets SIGTERM (PR_SET_PDEATHSIG plus a parent-pid watchdog), stops its env
+workers and exits; SIGTERM and Ctrl-C do the same. Finished episodes are in the store by then.
+"""
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from libero_eval.eventlog import log_event
+from libero_eval.faults import InjectedFault
 from libero_eval.plan import Episode
 from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.protocols import get_protocol
 from libero_eval.rollout.runner import ClientSettings, ShardFailed, ShardSettings, run_shard
-from libero_eval.servers.launcher import ServiceUnavailableError, wait_for_service
+from libero_eval.servers.launcher import ParentWatch, ServiceUnavailableError, wait_for_service
 from libero_eval.store import EpisodeStore
+
+
+class ShardTerminated(BaseException):
+    """The job got SIGTERM (Snakemake, scancel, or its parent died)."""
 
 
 def shard_settings(
@@ -50,6 +62,20 @@ def shard_settings(
     )
 
 
+def _follow_parent() -> ParentWatch:
+    """SIGTERM ends the job with ShardTerminated; the parent's death sends SIGTERM."""
+
+    received: list[int] = []
+
+    def on_sigterm(signum: int, _frame: object) -> None:
+        if not received:  # a second SIGTERM (death signal + watchdog) must not cut cleanup
+            received.append(signum)
+            raise ShardTerminated(f"received {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    return ParentWatch(lambda _ppid: os.kill(os.getpid(), signal.SIGTERM)).start()
+
+
 def run_shard_job(
     config: dict[str, Any],
     shard: str,
@@ -60,10 +86,13 @@ def run_shard_job(
     event_log: Path | None,
     envs: int,
 ) -> None:
+    """Run the shard; on failure log why, keep finished episodes and exit non-zero."""
+    watch = _follow_parent()
     service_file = Path("results", config["run_id"], "servers", f"slot{slot}.json")
     settings = shard_settings(config, shard, slot, envs, event_log)
     store = EpisodeStore(store_root)
     url = ""
+    resume = f"Finished episodes are kept in {store_root}; rerun the workflow to resume."
     try:
         if any(ep not in store.finished(episodes) for ep in episodes):
             serve_log = Path("logs", settings.run_id, "serve", f"slot{slot}.log")
@@ -72,7 +101,14 @@ def run_shard_job(
             )
             url = service["url"]
         run_shard(episodes, settings, store, url, output)
-    except (ShardFailed, ServiceUnavailableError) as exc:
+    except (ShardFailed, ServiceUnavailableError, InjectedFault) as exc:
         log_event(event_log, f"rollout {shard}", f"FAILED: {exc}")
-        print(f"{exc}\nFinished episodes are kept in {store_root}; rerun to resume.", file=sys.stderr)
+        print(f"{exc}\n{resume}", file=sys.stderr)
         raise SystemExit(1) from exc
+    except (ShardTerminated, KeyboardInterrupt) as exc:
+        reason = str(exc) or "interrupted (SIGINT)"
+        log_event(event_log, f"rollout {shard}", f"STOPPED: {reason}")
+        print(f"{shard} stopped: {reason}. {resume}", file=sys.stderr)
+        raise SystemExit(143 if isinstance(exc, ShardTerminated) else 130) from None
+    finally:
+        watch.stop()

@@ -1,0 +1,289 @@
+"""Bad input: each gets an error naming what is wrong and how to fix it, and loses nothing.
+
+Config errors are checked through the real `snakemake` command (in a private working
+directory holding one finished episode record that must survive). Broken policy servers are
+real HTTP servers on loopback answering garbage, HTTP 500 or too slowly.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from snakemake.utils import validate
+
+from libero_eval.aggregate import write_summary
+from libero_eval.plan import Episode, make_shards, plan_table
+from libero_eval.rollout.runner import ShardFailed, run_shard
+from libero_eval.rollout.shard_job import shard_settings
+from libero_eval.store import EpisodeStore, read_results, write_results
+
+REPO = Path(__file__).resolve().parents[1]
+EPISODES = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
+
+
+def full_config(**sections) -> dict:
+    """A config with every default filled in by the schema, as the workflow sees it."""
+    config = {"run_id": "bad_input", **sections}
+    validate(config, str(REPO / "config" / "schema.yaml"))
+    return config
+
+
+def finished_record(episode: Episode) -> dict:
+    return {
+        "run_id": "bad_input",
+        "suite": episode.suite,
+        "task_id": episode.task_id,
+        "task_language": "pick up the black bowl",
+        "init_state_id": episode.init_state_id,
+        "seed": 1140,
+        "protocol": "rlinf",
+        "success_once": True,
+        "success_at_end": True,
+        "first_success_step": 77,
+        "steps": 480,
+        "policy_calls": 30,
+        "policy_latency_mean_s": 0.1,
+        "policy_latency_p50_s": 0.1,
+        "policy_latency_p95_s": 0.1,
+        "wall_time_s": 10.0,
+        "server_slot": 0,
+        "server_url": "http://127.0.0.1:1",
+        "shard": "shard000",
+        "finished_at": 1.0,
+        "video_path": None,
+        "error": None,
+    }
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@pytest.fixture
+def workdir(tmp_path) -> Path:
+    """A private working directory with one finished episode record already in its store."""
+    for name in ("Snakefile", "workflow", "config", "profiles"):
+        (tmp_path / name).symlink_to(REPO / name)
+    record = tmp_path / "results/bad_input/episodes/abc/libero_spatial/task00_init00.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps(finished_record(EPISODES[0])))
+    return tmp_path
+
+
+def snakemake_error(workdir: Path, config_text: str) -> str:
+    """Run the workflow with this config; it must fail and keep the finished record."""
+    record = workdir / "results/bad_input/episodes/abc/libero_spatial/task00_init00.json"
+    before = record.read_bytes()
+    (workdir / "my.yaml").write_text(config_text)
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "1", "--configfile", "my.yaml"],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode != 0
+    assert record.read_bytes() == before
+    return result.stdout + result.stderr
+
+
+def test_missing_config_field_is_named_with_the_fix(workdir):
+    error = snakemake_error(workdir, "run_id: bad_input\nserver: {backend: sglang}\n")
+    assert "server.sglang.model_path is not set" in error
+    assert "model_diffusers/ directory" in error
+
+
+def test_malformed_config_file_is_reported_as_such(workdir):
+    error = snakemake_error(workdir, "run_id: bad_input\nrollout: {max_steps: 16\n")
+    assert "Config file is not valid JSON or YAML" in error
+
+
+def test_wrong_type_config_field_is_named_with_the_expected_type(workdir):
+    error = snakemake_error(workdir, "run_id: bad_input\nrollout: {max_steps: ten}\n")
+    assert "'ten' is not of type 'integer', 'null'" in error
+    assert "On instance['rollout']['max_steps']" in error
+    assert "Override the protocol's max policy steps" in error  # the field's description
+
+
+def test_misspelled_config_field_is_named(workdir):
+    error = snakemake_error(workdir, "run_id: bad_input\nrollout: {max_stepz: 16}\n")
+    assert "'max_stepz' was unexpected" in error
+
+
+def test_nonexistent_stats_path_is_named_with_the_fix(workdir):
+    error = snakemake_error(
+        workdir,
+        "run_id: bad_input\nserver: {reference: {policy: hold}}\n"
+        "policy: {action_stats_path: /nonexistent/stats.json}\n",
+    )
+    assert "policy.action_stats_path: /nonexistent/stats.json does not exist" in error
+    assert "point it at a Cosmos3 action-stats JSON" in error
+
+
+def test_nonexistent_model_path_is_named_with_the_fix(workdir):
+    error = snakemake_error(
+        workdir,
+        "run_id: bad_input\nrollout: {send_privileged_state: false}\n"
+        "server: {backend: sglang, sglang: {model_path: /nonexistent/model_diffusers}}\n",
+    )
+    assert "server.sglang.model_path: /nonexistent/model_diffusers has no model_index.json" in error
+
+
+def test_stats_file_of_the_wrong_shape_is_named_with_the_fix(workdir):
+    stats = json.loads(
+        (REPO / "config/stats/libero_native_frame_wise_relative_rot6d.json").read_text()
+    )
+    stats["global_raw"]["q01"] = stats["global_raw"]["q01"][:7]  # LIBERO's 7-D, not Cosmos3's 10
+    (workdir / "stats7.json").write_text(json.dumps(stats))
+    error = snakemake_error(
+        workdir,
+        "run_id: bad_input\nserver: {reference: {policy: hold}}\n"
+        "policy: {action_stats_path: stats7.json}\n",
+    )
+    assert "policy.action_stats_path: action stats file stats7.json" in error
+    assert "block 'global_raw', key 'q01': expected a list of 10 numbers, got length 7" in error
+
+
+# ----------------------------------------------------------------------------- servers
+
+
+class BrokenServer(BaseHTTPRequestHandler):
+    """/health answers 200; every other path answers as `mode` says."""
+
+    mode = "garbage"
+    metadata_ok = False
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _send(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _answer(self) -> None:
+        if self.path == "/health":
+            return self._send(200, b"{}", "application/json")
+        if self.path == "/v1/actions/metadata" and self.metadata_ok:
+            meta = {"capabilities": {"max_batch_size": 8}}
+            return self._send(200, json.dumps(meta).encode(), "application/json")
+        if self.mode == "garbage":
+            return self._send(200, b"<html>502 from a proxy</html>", "application/json")
+        if self.mode == "http500":
+            return self._send(500, b'{"detail": "CUDA out of memory"}', "application/json")
+        time.sleep(3)  # "timeout"
+        return self._send(200, b"{}", "application/json")
+
+    def do_GET(self) -> None:
+        self._answer()
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self._answer()
+
+
+@pytest.fixture
+def broken_server(request) -> Iterator[str]:
+    mode, metadata_ok = request.param
+    handler = type("Handler", (BrokenServer,), {"mode": mode, "metadata_ok": metadata_ok})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def shard_against(tmp_path: Path, url: str, **rollout) -> tuple:
+    config = full_config(
+        server={"reference": {"policy": "hold"}},
+        policy={"http_timeout_s": 0.5, "http_max_retries": 2, "http_retry_backoff_s": 0.05},
+        rollout={"max_steps": 16, "camera_size": 64, "envs_per_shard": 1, **rollout},
+    )
+    settings = shard_settings(config, "shard000", 0, 1, None)
+    store = EpisodeStore(tmp_path / "episodes")
+    store.write(EPISODES[0], finished_record(EPISODES[0]))
+    return settings, store
+
+
+@pytest.mark.parametrize(
+    ("broken_server", "expected"),
+    [
+        (("garbage", False), "answered HTTP 200 with an undecodable application/json body"),
+        (("http500", False), "HTTP 500: 'CUDA out of memory'"),
+        (("timeout", False), "timed out after 0.5 s"),
+    ],
+    indirect=["broken_server"],
+    ids=["garbage", "http500", "timeout"],
+)
+def test_broken_server_fails_the_shard_clearly_and_keeps_finished_episodes(
+    tmp_path, broken_server, expected
+):
+    settings, store = shard_against(tmp_path, broken_server)
+    before = store.path_for(EPISODES[0]).read_bytes()
+    output = tmp_path / "shard000.parquet"
+    with pytest.raises(ShardFailed) as error:
+        run_shard(EPISODES, settings, store, broken_server, output, progress=False)
+    message = str(error.value)
+    assert f"shard000: policy server {broken_server} is not usable" in message
+    assert expected in message
+    assert "Check that the policy server is up" in message or "first bytes" in message
+    assert store.path_for(EPISODES[0]).read_bytes() == before
+    assert not output.exists()
+
+
+@pytest.mark.libero
+@pytest.mark.parametrize("broken_server", [("garbage", True)], indirect=True)
+def test_server_answering_garbage_to_every_request_fails_the_shard(tmp_path, broken_server):
+    """Unusable answers are episode errors at first; three in a row fail the shard. The
+    episode finished before is kept; the others are rerun next time."""
+    episodes = [*EPISODES, Episode("libero_spatial", 0, 2), Episode("libero_spatial", 0, 3)]
+    settings, store = shard_against(tmp_path, broken_server)
+    before = store.path_for(EPISODES[0]).read_bytes()
+    with pytest.raises(ShardFailed, match="gave 3 unusable answers in a row") as error:
+        run_shard(episodes, settings, store, broken_server, tmp_path / "s.parquet", progress=False)
+    assert broken_server in str(error.value)
+    assert store.path_for(EPISODES[0]).read_bytes() == before
+    # the first two unusable answers were recorded as episode errors, the third failed the shard
+    errors = [(store.load(ep) or {}).get("error") or "" for ep in episodes[1:]]
+    assert ["bad policy response" in e for e in errors] == [True, True, False]
+    assert list(store.finished(episodes)) == [EPISODES[0]]
+
+
+# ----------------------------------------------------------------------------- shard tables
+
+
+def test_truncated_shard_table_is_named_and_rebuilt_from_the_store_without_rerunning(tmp_path):
+    store = EpisodeStore(tmp_path / "episodes")
+    for episode in EPISODES:
+        store.write(episode, finished_record(episode))
+    shard = tmp_path / "shards/shard000.parquet"
+    write_results([store.load(ep) for ep in EPISODES], shard)
+    original = read_results([shard])
+    plan = tmp_path / "plan.csv"
+    plan_table(make_shards(EPISODES, 1, 1)).to_csv(plan, index=False)
+    shard.write_bytes(shard.read_bytes()[:200])  # a crash or a full disk cut it
+
+    outputs = {name: str(tmp_path / "summary" / name) for name in ("episodes", "tables")}
+    with pytest.raises(ValueError, match="shard000.parquet: not a readable Parquet file") as error:
+        write_summary([str(shard)], str(plan), outputs, "bad_input")
+    assert "delete it and rerun the workflow" in str(error.value)
+
+    # The fix: delete it and rerun; the shard is rebuilt from the store with no server and
+    # no env (every episode is finished), so nothing is rerun.
+    shard.unlink()
+    config = full_config(server={"reference": {"policy": "hold"}})
+    settings = shard_settings(config, "shard000", 0, 1, None)
+    run_shard(EPISODES, settings, store, "", shard, progress=False)
+    pd.testing.assert_frame_equal(read_results([shard]), original)
