@@ -140,6 +140,7 @@ def rollout_fingerprint(config: dict[str, Any]) -> str:
         "total_num_envs",
         "shards_per_slot",
         "max_inflight_requests",
+        "batch_timeout_s",
         "render_mode",  # byte-identical by construction and by test
         "mem_mb_per_env",
         "runtime_min",

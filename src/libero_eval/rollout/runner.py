@@ -70,7 +70,8 @@ class ShardSettings:
     policy_settings: dict[str, Any]
     client: ClientSettings = field(default_factory=ClientSettings)
     envs_per_shard: int = 2
-    max_inflight_requests: int = 1
+    max_inflight_requests: int = 1  # = env groups: group g holds workers g, g+G, g+2G, ...
+    batch_timeout_s: float = 1.0  # a group sends without its stragglers after this long
     health_timeout_s: float = 900.0
     max_episode_attempts: int = 2  # an episode whose env worker dies is retried once
     # this many unusable answers in a row (no good one between) mean a broken server
@@ -264,6 +265,9 @@ class ShardRunner:
         ]
         running: dict[int, _Running] = {}
         ready: list[tuple[int, Observation]] = []
+        ready_since: dict[int, float] = {}
+        groups = max(1, min(s.max_inflight_requests, len(workers)))
+        group_inflight = [0] * groups
         inflight = 0
         done = done_before
         successes = 0
@@ -272,20 +276,26 @@ class ShardRunner:
         bad_in_a_row = 0  # consecutive unusable policy answers
         nan_chunk_for: set[int] = set()  # workers whose next chunk a fault turns into NaN
         faults = self.faults
-        pool = _HttpPool(s.max_inflight_requests, self._call_policy)
+        pool = _HttpPool(max(4, s.max_inflight_requests), self._call_policy)
         fatal: BaseException | None = None
 
         def next_episode_for(worker: EnvWorker) -> Episode | None:
+            """The next episode for `worker`: its own task first (no env rebuild), then the
+            task its group's other envs run (same prompt, so they share a batch), else the
+            next in plan order."""
             if not todo:
                 return None
-            # Prefer the task the worker already has loaded (saves an env rebuild).
-            current = running.get(worker.index)
-            for i, ep in enumerate(todo):
-                if current and (ep.suite, ep.task_id) == (
-                    current.episode.suite,
-                    current.episode.task_id,
-                ):
-                    return todo.pop(i)
+            group = worker.index % groups
+            wanted = [running[worker.index].episode] if worker.index in running else []
+            wanted += [
+                info.episode
+                for index, info in running.items()
+                if index % groups == group and index != worker.index
+            ]
+            for episode in wanted:
+                for i, candidate in enumerate(todo):
+                    if (candidate.suite, candidate.task_id) == (episode.suite, episode.task_id):
+                        return todo.pop(i)
             return todo.pop(0)
 
         def start(worker: EnvWorker, episode: Episode, attempt: int = 1) -> None:
@@ -334,10 +344,18 @@ class ShardRunner:
 
         try:
             for worker in workers:
-                start(worker, todo.pop(0))
+                start(worker, next_episode_for(worker))
             while running:
                 conns = [w.conn for w in workers if w.busy]
-                for ready_obj in wait([*conns, self._wake_reader], timeout=1.0):
+                # Wake up for the batch timeout of a group that could send (none in flight).
+                deadline = min(
+                    (t for i, t in ready_since.items() if not group_inflight[i % groups]),
+                    default=None,
+                )
+                timeout = 1.0
+                if deadline is not None:
+                    timeout = max(0.0, min(1.0, deadline + s.batch_timeout_s - time.monotonic()))
+                for ready_obj in wait([*conns, self._wake_reader], timeout=timeout):
                     if ready_obj is self._wake_reader:
                         continue
                     worker = next(w for w in workers if w.conn is ready_obj)
@@ -368,6 +386,7 @@ class ShardRunner:
                     else:
                         info.task_language = result.task_language
                         ready.append((worker.index, result))
+                        ready_since[worker.index] = time.monotonic()
                 # HTTP completions
                 try:
                     while True:
@@ -380,6 +399,7 @@ class ShardRunner:
                     except queue.Empty:
                         break
                     inflight -= 1
+                    group_inflight[batch[0][0] % groups] -= 1
                     if status == "error" and isinstance(
                         value, PolicyRequestRejected | PolicyServerUnavailable
                     ):
@@ -413,11 +433,34 @@ class ShardRunner:
                                 nan_chunk_for.discard(index)
                                 chunk = np.full_like(np.asarray(chunk, dtype=float), np.nan)
                             worker.send("chunk", chunk)
-                # Send what is ready, grouped by prompt, while request slots are free.
-                while ready and inflight < s.max_inflight_requests:
-                    batch = self._take_batch(ready)
-                    inflight += 1
-                    pool.submit(batch)
+                # Each env group sends once all of its running envs are ready (full batches,
+                # no idle server while a sibling group steps), or when its oldest ready
+                # observation has waited batch_timeout_s (a reset or a slow env).
+                now = time.monotonic()
+                for group in range(groups):
+                    if group_inflight[group]:
+                        continue
+                    mine = [item for item in ready if item[0] % groups == group]
+                    if not mine:
+                        continue
+                    stepping = any(
+                        w.busy for w in workers if w.index % groups == group and w.index in running
+                    )
+                    oldest = min(ready_since[index] for index, _ in mine)
+                    if (
+                        stepping
+                        and len(mine) < self.max_batch_size
+                        and now - oldest < s.batch_timeout_s
+                    ):
+                        continue
+                    ready[:] = [item for item in ready if item[0] % groups != group]
+                    while mine:
+                        batch = self._take_batch(mine)
+                        for index, _ in batch:
+                            ready_since.pop(index, None)
+                        inflight += 1
+                        group_inflight[group] += 1
+                        pool.submit(batch)
         except BaseException as exc:
             fatal = exc
             raise

@@ -56,6 +56,7 @@ def shard_settings(
         ),
         envs_per_shard=max(1, envs),
         max_inflight_requests=rollout["max_inflight_requests"],
+        batch_timeout_s=rollout["batch_timeout_s"],
         health_timeout_s=config["server"]["health_timeout_s"],
         event_log=event_log,
         video_dir=Path("results", run_id, "videos") if videos["enabled"] else None,
