@@ -1,0 +1,46 @@
+"""The default evaluation through profiles/slurm on a real one-node Slurm (CI runs it).
+
+`.ci/slurm/run.sh` starts Slurm (`.ci/slurm/setup.sh`: slurm-wlm + munge on localhost), runs
+the evaluation with shard000 made to fail once, lets `--retries` resubmit its slot job, and
+checks the summary, the resume and that no Slurm job or process is left.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+pytestmark = [
+    pytest.mark.workflow,
+    pytest.mark.skipif(
+        os.environ.get("LIBERO_EVAL_SLURM_E2E") != "1",
+        reason="set LIBERO_EVAL_SLURM_E2E=1 where .ci/slurm/setup.sh may install and start "
+        "a one-node Slurm (as root; .ci/run does)",
+    ),
+]
+
+
+def test_default_evaluation_through_slurm_with_a_resubmitted_shard():
+    run_id = "pytest_slurm"
+    env = {**os.environ, "PYTHON": sys.executable, "RUN_ID": run_id}
+    try:
+        result = subprocess.run(
+            ["bash", ".ci/slurm/run.sh"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=1800,
+        )
+        output = result.stdout + result.stderr
+        assert result.returncode == 0, output[-5000:]
+        assert "Slurm end-to-end run passed" in output
+        assert "| libero_spatial | (suite)" in output
+    finally:
+        shutil.rmtree(REPO / "results" / run_id, ignore_errors=True)
+        shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
