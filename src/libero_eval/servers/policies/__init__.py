@@ -10,9 +10,11 @@ from typing import Any
 
 from libero_eval.servers.policies.base import PolicyItem, ServerPolicy
 from libero_eval.servers.policies.hold import HoldPolicy
+from libero_eval.servers.policies.scripted import ScriptedExpertPolicy
 
 SERVER_POLICIES: dict[str, type[ServerPolicy]] = {
     HoldPolicy.name: HoldPolicy,
+    ScriptedExpertPolicy.name: ScriptedExpertPolicy,
 }
 
 
@@ -35,6 +37,7 @@ def make_server_policy(name: str, **kwargs: Any) -> ServerPolicy:
 __all__ = [
     "SERVER_POLICIES",
     "HoldPolicy",
+    "ScriptedExpertPolicy",
     "PolicyItem",
     "ServerPolicy",
     "make_server_policy",
