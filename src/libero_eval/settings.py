@@ -6,6 +6,7 @@ and then calls `check_config`; every error names the config field and the fix.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,14 @@ def check_config(config: dict[str, Any]) -> None:
         load_action_stats(stats_path, stats_block_for(policy["normalization"]))
     except ValueError as exc:
         raise ConfigError(f"policy.action_stats_path: {exc}") from exc
+    if server["backend"] == "reference":
+        reference_stats = Path(server["reference"]["action_stats_path"])
+        if not reference_stats.is_file():
+            raise ConfigError(
+                f"server.reference.action_stats_path: {reference_stats} does not exist; point "
+                "it at the model's action-stats JSON, e.g. "
+                "config/stats/libero_native_frame_wise_relative_rot6d.json"
+            )
     num_shards = server["num_slots"] * rollout["shards_per_slot"]
     total_envs = rollout["total_num_envs"]
     if total_envs is not None and total_envs % num_shards:
@@ -123,7 +132,13 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
     server = config["server"]
     if server["backend"] == "reference":
         reference = server["reference"]
-        return {"backend": "reference", "policy": reference["policy"]}
+        stats = Path(reference["action_stats_path"])
+        return {
+            "backend": "reference",
+            "policy": reference["policy"],
+            "normalization": reference["normalization"],
+            "stats": hashlib.sha256(stats.read_bytes()).hexdigest() if stats.is_file() else None,
+        }
     sglang = server["sglang"]
     return {
         "backend": "sglang",
@@ -154,8 +169,6 @@ def rollout_fingerprint(config: dict[str, Any]) -> str:
     }
     stats = Path(policy["action_stats_path"])
     if stats.is_file():
-        import hashlib
-
         policy["action_stats_path"] = hashlib.sha256(stats.read_bytes()).hexdigest()
     return fingerprint(
         {
@@ -194,8 +207,8 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
         "gpu_id": gpu_id,
         "reference": {
             "policy": reference["policy"],
-            "action_stats_path": config["policy"]["action_stats_path"],
-            "normalization": config["policy"]["normalization"],
+            "action_stats_path": reference["action_stats_path"],
+            "normalization": reference["normalization"],
             "max_batch_size": reference["max_batch_size"],
             "padded_action_dim": reference["padded_action_dim"],
             "latency_fixed_s": reference["latency_fixed_s"],
