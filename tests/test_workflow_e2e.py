@@ -38,7 +38,10 @@ class Run:
 
 
 def run_workflow(configfile: Path, *extra: str, cores: int = 2) -> Run:
-    """Run snakemake, polling its process tree so leftover servers/env workers can be counted."""
+    """Run snakemake, polling its process tree so leftover servers/env workers can be counted.
+
+    Extra config files go right after `configfile` (one --configfile flag merges them in order).
+    """
     proc = subprocess.Popen(
         [*SNAKEMAKE, "--cores", str(cores), "--configfile", str(configfile), *extra],
         cwd=REPO,
@@ -160,3 +163,50 @@ def test_large_plan_dry_run_shows_one_server_per_slot(tmp_path):
     assert counts["serve"] == "8"
     assert counts["rollout"] == "16"
     assert counts["aggregate"] == "1"
+
+
+def selftest_overlay(tmp_path, run_id: str, **policy) -> Path:
+    """config/selftest.yaml cut to 4 episodes (2 spatial + 2 object tasks)."""
+    overlay = tmp_path / f"{run_id}.yaml"
+    overlay.write_text(
+        yaml.safe_dump(
+            {
+                "run_id": run_id,
+                "plan": {"suites": ["libero_spatial", "libero_object"], "task_ids": [0, 1]},
+                "policy": policy,
+            }
+        )
+    )
+    return overlay
+
+
+@pytest.fixture
+def selftest_runs(tmp_path):
+    run_ids = [f"pytest_selftest_ok_{tmp_path.name}", f"pytest_selftest_bad_{tmp_path.name}"]
+    yield run_ids
+    for run_id in run_ids:
+        shutil.rmtree(REPO / "results" / run_id, ignore_errors=True)
+        shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
+
+
+def test_selftest_passes_with_the_expert_and_fails_loudly_on_a_wrong_convention(
+    tmp_path, selftest_runs
+):
+    ok_run, bad_run = selftest_runs
+    defaults, selftest = REPO / "config" / "config.yaml", REPO / "config" / "selftest.yaml"
+
+    good = run_workflow(defaults, str(selftest), str(selftest_overlay(tmp_path, ok_run)))
+    assert good.returncode == 0, good.stderr[-3000:]
+    episodes = pd.read_parquet(REPO / "results" / ok_run / "summary" / "episodes.parquet")
+    assert episodes["success_once"].all(), episodes[["suite", "task_id", "steps"]]
+    assert "self-test passed" in (REPO / "results" / ok_run / "selftest.txt").read_text()
+
+    # De-normalizing with the `global` block instead of `global_raw`: every episode fails.
+    bad = run_workflow(
+        defaults,
+        str(selftest),
+        str(selftest_overlay(tmp_path, bad_run, normalization="quantile")),
+    )
+    assert bad.returncode != 0
+    assert "SELF-TEST FAILED: the scripted expert succeeded on 0% of 4 episodes" in bad.stderr
+    assert not (REPO / "results" / bad_run / "selftest.txt").exists()
