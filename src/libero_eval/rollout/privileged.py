@@ -1,11 +1,14 @@
 """Privileged simulator state for scripted experts.
 
 `privileged_state(env, obs)` reads a LIBERO environment and returns a small JSON-serialisable
-dict (lists of floats, strings, booleans; no images) with everything a scripted expert needs
-to plan: the robot end effector and gripper, every object's and fixture's pose and
-axis-aligned bounding box, which objects the gripper pads hold, the articulated joints
-(drawers, doors, knobs) with their world axes and moving-part boxes, the BDDL regions (sites),
-and the task's goal predicates with their current truth values.
+dict (lists of floats, strings, booleans; no images; about 10-20 kB as JSON) with everything
+a scripted expert needs to plan: the robot end effector and gripper, every object's and
+fixture's pose and axis-aligned collision bounding box, which objects the fingers touch
+("grasped": both fingers do), free horizontal room around each movable object (ray casts),
+the articulated joints (drawers, doors, knobs) with their world axes and moving-part boxes,
+the BDDL regions (sites), and the task's goal predicates with their current truth values
+(LIBERO's own predicate functions; evaluating them has no side effect beyond what every env
+step already does).
 
 Layout (all positions in metres, world frame; quaternions x, y, z, w):
 
@@ -34,6 +37,7 @@ from typing import Any
 
 import mujoco
 import numpy as np
+from scipy.spatial.transform import Rotation
 
 _JOINT_TYPE_NAMES = {2: "slide", 3: "hinge"}
 RAY_DIRECTIONS = 16  # horizontal clearance rays per object, counter-clockwise from +x
@@ -196,10 +200,10 @@ def privileged_state(env: Any, obs: dict[str, Any] | None = None) -> dict[str, A
     goal_satisfied = [bool(inner._eval_predicate(predicate)) for predicate in goal]
 
     eef_site = inner.robots[0].eef_site_id
-    eef_quat_fallback = np.roll(_mat_to_quat_wxyz(data.site_xmat[eef_site].reshape(3, 3)), -1)
+    eef_xmat = np.asarray(data.site_xmat[eef_site]).reshape(3, 3)
     robot = {
         "eef_pos": obs_or("robot0_eef_pos", data.site_xpos[eef_site]),
-        "eef_quat": obs_or("robot0_eef_quat", eef_quat_fallback),
+        "eef_quat": obs_or("robot0_eef_quat", Rotation.from_matrix(eef_xmat).as_quat()),
         "gripper_qpos": obs_or(
             "robot0_gripper_qpos",
             [data.qpos[i] for i in inner.robots[0]._ref_gripper_joint_pos_indexes],
@@ -299,14 +303,6 @@ def privileged_state(env: Any, obs: dict[str, Any] | None = None) -> dict[str, A
         "articulation": articulation,
         "sites": sites,
     }
-
-
-def _mat_to_quat_wxyz(matrix: np.ndarray) -> np.ndarray:
-    """Rotation matrix to a unit quaternion (w, x, y, z)."""
-    from scipy.spatial.transform import Rotation
-
-    x, y, z, w = Rotation.from_matrix(matrix).as_quat()
-    return np.array([w, x, y, z])
 
 
 def _language(instruction: Any) -> str:
