@@ -1,6 +1,6 @@
 """Render config/schema.yaml as the Markdown config reference (config/README.md).
 
-    python -m libero_eval.schema_doc config/schema.yaml > config/README.md
+Usage: ``python -m libero_eval.schema_doc config/schema.yaml > config/README.md``.
 """
 
 from __future__ import annotations

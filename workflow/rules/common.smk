@@ -121,3 +121,26 @@ def print_summary():
     summary = Path(f"results/{RUN}/summary/summary.md")
     if summary.exists():
         print(f"\n{summary.read_text()}")
+
+
+def slurm_placement(server=False):
+    """Slurm partition/account (and the server's GPU model) from config `slurm`; unset
+    fields add nothing, so the profile's default-resources apply."""
+    slurm = config["slurm"]
+    placement = {
+        key: slurm[field]
+        for key, field in (
+            ("slurm_partition", "partition"),
+            ("slurm_account", "account"),
+        )
+        if slurm[field]
+    }
+    if server and slurm["gpu_model"] and config["server"]["backend"] == "sglang":
+        placement["gpu_model"] = slurm["gpu_model"]
+    return placement
+
+
+def get_slot_runtime(wildcards, attempt):
+    """Minutes of a slot job (server + shards: Snakemake takes the max in a group)."""
+    minutes = config["slurm"]["runtime_min"] or config["rollout"]["runtime_min"]
+    return minutes * attempt
