@@ -1,7 +1,7 @@
 """Privileged simulator state for scripted experts.
 
 `privileged_state(env, obs)` reads a LIBERO environment and returns a small JSON-serialisable
-dict (lists of floats, strings, booleans; no images; about 10-20 kB as JSON) with everything
+dict (lists of floats, strings, booleans; no images; about 5-20 kB as JSON) with everything
 a scripted expert needs to plan: the robot end effector and gripper, every object's and
 fixture's pose and axis-aligned collision bounding box, which objects the fingers touch
 ("grasped": both fingers do), free horizontal room around each movable object (ray casts),
