@@ -497,7 +497,8 @@ def run_shard(
     progress: bool = True,
 ) -> list[dict[str, Any]]:
     """Run a shard end to end: wait for the server, run what is missing, write the Parquet."""
-    pending = [ep for ep in episodes if ep not in store.finished(episodes)]
+    finished = store.finished(episodes)  # one pass over the records, not one per episode
+    pending = [ep for ep in episodes if ep not in finished]
     max_batch = 1
     if pending:
         probe = PolicyClient(

@@ -95,7 +95,7 @@ def run_shard_job(
     url = ""
     resume = f"Finished episodes are kept in {store_root}; rerun the workflow to resume."
     try:
-        if any(ep not in store.finished(episodes) for ep in episodes):
+        if len(store.finished(episodes)) < len(episodes):
             serve_log = Path("logs", settings.run_id, "serve", f"slot{slot}.log")
             service = wait_for_service(
                 service_file, timeout_s=settings.health_timeout_s, log_path=serve_log
