@@ -78,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
         model_chunk_to_libero,
     )
     from libero_eval.rollout.privileged import privileged_state
-    from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.rollout.protocols import episode_seed, get_protocol
     from libero_eval.servers.policies.base import PolicyItem
     from libero_eval.servers.policies.scripted import ScriptedExpertPolicy
 
     protocol = get_protocol(args.protocol, args.max_steps)
-    max_steps = protocol.max_steps_for(args.suite)
+    max_steps = protocol.policy_steps_for(args.suite)
     stats = load_action_stats(args.stats, "global_raw")
     policy = ScriptedExpertPolicy()
     suite = benchmark.get_benchmark_dict()[args.suite]()
@@ -111,20 +111,19 @@ def main(argv: list[str] | None = None) -> int:
         )
         init_states = suite.get_task_init_states(task_id)
         for trial in range(args.first_trial, args.first_trial + args.trials):
-            env.seed(0)
+            init_state_id = trial % len(init_states)
+            np.random.seed(episode_seed(protocol.seed, args.suite, task_id, init_state_id))
             env.reset()
-            obs = env.set_init_state(init_states[trial % len(init_states)])
-            steps = 0
+            obs = env.set_init_state(init_states[init_state_id])
             settle = np.zeros(7)
             settle[6] = -1.0
             for _ in range(protocol.settle_steps):
                 obs, _, _, _ = env.step(settle)
-                if protocol.count_settle_steps:
-                    steps += 1
+            policy_steps = 0
             success = False
             first_success = None
             error = ""
-            while steps < max_steps and not (success and protocol.stop_at_success):
+            while policy_steps < max_steps and not (success and protocol.stop_at_success):
                 state = json.loads(json.dumps(privileged_state(env, obs)))
                 item = PolicyItem(image=dummy_image, prompt=task.language, privileged_state=state)
                 try:
@@ -132,14 +131,17 @@ def main(argv: list[str] | None = None) -> int:
                 except (NotImplementedError, ValueError) as exc:
                     error = f"{type(exc).__name__}: {exc}"
                     break
-                for action in round_trip(chunk):
+                for action in round_trip(chunk)[: protocol.actions_per_query]:
+                    if policy_steps >= max_steps and not protocol.run_whole_chunks:
+                        break
                     obs, _, done, _ = env.step(action)
-                    steps += 1
+                    policy_steps += 1
                     success = bool(done)
                     if success and first_success is None:
-                        first_success = steps
-                    if steps >= max_steps or (success and protocol.stop_at_success):
+                        first_success = protocol.reported_steps(policy_steps)
+                    if success and protocol.stop_at_success:
                         break
+            steps = protocol.reported_steps(policy_steps)
             row = {
                 "suite": args.suite,
                 "task_id": task_id,

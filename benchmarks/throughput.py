@@ -196,12 +196,12 @@ def section_a(args: argparse.Namespace) -> EnvResult:
     suite, task_id = args.task
     spec = EpisodeSpec(suite, task_id, args.init_state)
     chunks = random_chunks(args.seed, 1 + args.chunks)
-    protocol = get_protocol("rlinf", max_steps_override=CHUNK * (len(chunks) + 1))
+    protocol = get_protocol("rlinf", max_steps_override=CHUNK * (len(chunks) + 1), seed=args.seed)
     print(f"(a) {suite} task {task_id} init {args.init_state} ...", file=sys.stderr)
 
     def start(render_mode: str) -> tuple[Any, list]:
         """An env on the episode, one chunk in (warm-up), and the queries so far."""
-        env = LiberoEpisodeEnv(EnvSettings(render_mode=render_mode, env_seed=args.seed), protocol)
+        env = LiberoEpisodeEnv(EnvSettings(render_mode=render_mode), protocol)
         queries = [(env.start_episode(spec), env.sim_state())]
         queries.append((env.step_chunk(chunks[0]), env.sim_state()))
         return env, queries
@@ -435,9 +435,8 @@ def _shard_main(
         run_id=config["run_id"],
         shard=name,
         slot=0,
-        seed=config["plan"]["seed"],
-        protocol=get_protocol("rlinf", max_steps),
-        env=EnvSettings(render_mode="on_demand", env_seed=config["plan"]["seed"]),
+        protocol=get_protocol("rlinf", max_steps, config["plan"]["seed"]),
+        env=EnvSettings(render_mode="on_demand"),
         policy_family="cosmos3",
         policy_settings=config["policy"],
         envs_per_shard=cell.envs_per_shard,

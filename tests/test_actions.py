@@ -252,9 +252,13 @@ def test_missing_stats_file_is_named(tmp_path):
 # ------------------------------------------------------------------------------ gripper
 
 
-def test_binary_gripper_mapping_defines_the_midpoint_as_open():
+def test_binary_gripper_mapping_is_rlinfs_negative_sign_exactly():
+    # RLinf (rlinf/envs/action_utils.py): np.sign(2g - 1) * -1, which is 0 at g = 0.5.
     g = np.array([0.0, 0.2, 0.4999, 0.5, 0.5001, 1.0])
-    np.testing.assert_array_equal(am.gripper_to_libero(g, "binary"), [1, 1, 1, -1, -1, -1])
+    mapped = am.gripper_to_libero(g, "binary")
+    np.testing.assert_array_equal(mapped, [1, 1, 1, 0, -1, -1])
+    np.testing.assert_array_equal(mapped, np.sign(2 * g - 1) * -1.0)
+    assert not np.signbit(mapped[3])  # a plain 0.0, not -0.0
 
 
 def test_continuous_gripper_mapping_is_linear_and_clipped():
@@ -288,7 +292,7 @@ def expected_libero(normalized: np.ndarray, stats_path: Path, block: str) -> np.
     c1 = raw[:, 6:9] - np.sum(raw[:, 6:9] * c0, axis=1, keepdims=True) * c0
     c1 /= np.linalg.norm(c1, axis=1, keepdims=True)
     rotvec = Rotation.from_matrix(np.stack([c0, c1, np.cross(c0, c1)], axis=-1)).as_rotvec()
-    gripper = np.where(raw[:, 9:10] < 0.5, 1.0, -1.0)
+    gripper = -np.sign(2 * raw[:, 9:10] - 1)
     return np.concatenate([raw[:, :3], rotvec, gripper], axis=1)
 
 

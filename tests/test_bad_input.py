@@ -45,6 +45,8 @@ def finished_record(episode: Episode) -> dict:
         "task_language": "pick up the black bowl",
         "init_state_id": episode.init_state_id,
         "seed": 1140,
+        "reset_seeding": "episode",
+        "episode_seed": 12345,
         "protocol": "rlinf",
         "success_once": True,
         "success_at_end": True,
@@ -110,7 +112,7 @@ def test_wrong_type_config_field_is_named_with_the_expected_type(workdir):
     error = snakemake_error(workdir, "run_id: bad_input\nrollout: {max_steps: ten}\n")
     assert "'ten' is not of type 'integer', 'null'" in error
     assert "On instance['rollout']['max_steps']" in error
-    assert "Override the protocol's max policy steps" in error  # the field's description
+    assert "Override the protocol's step limit" in error  # the field's description
 
 
 def test_misspelled_config_field_is_named(workdir):

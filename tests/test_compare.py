@@ -40,6 +40,8 @@ def episodes_frame(
             "task_language": f"task {task_id}",
             "init_state_id": init_state_id,
             "seed": 1140,
+            "reset_seeding": "episode",
+            "episode_seed": 12345,
             "protocol": "rlinf",
             "success_once": success,
             "success_at_end": success,

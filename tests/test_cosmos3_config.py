@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from libero_eval.rollout.protocols import get_protocol
+
 REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "config" / "libero_spatial_cosmos3_sglang.yaml"
 
@@ -62,7 +64,10 @@ def test_seed_config_carries_the_reference_settings():
     assert policy["size"] == "320x192" and policy["seed"] == 1140
     assert policy["num_inference_steps"] == 30 and policy["domain_name"] == "libero"
     assert policy["normalization"] == "quantile_rot" and policy["http_timeout_s"] == 600
-    assert seed["rollout"]["total_num_envs"] == 128 and seed["rollout"]["max_steps"] == 480
+    assert seed["rollout"]["total_num_envs"] == 128 and seed["rollout"]["protocol"] == "rlinf"
+    # max_episode_steps 480 comes from the protocol, per suite, not from one override for all
+    assert "max_steps" not in seed["rollout"]
+    assert get_protocol("rlinf").max_steps_for("libero_spatial") == 480
     assert seed["server"]["sglang"]["batching_max_size"] == 8
 
 
@@ -72,7 +77,7 @@ def test_seed_config_carries_the_reference_settings():
         ({"server": {"sglang": {"model_path": "/nonexistent/model"}}}, "model_index.json"),
         ({"policy": {"num_frames": 13}}, "num_frames"),
         ({"rollout": {"total_num_envs": 100}}, "total_num_envs"),
-        ({"rollout": {"max_steps": 470}}, "multiple of policy.num_action_chunks"),
+        ({"rollout": {"reset_seeding": "reference"}}, "rollout.reset_seeding: reference"),
         ({"policy": {"size": "320"}}, "size"),
         ({"policy": {"normalization": "zscore"}}, "normalization"),
     ],

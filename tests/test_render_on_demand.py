@@ -53,8 +53,8 @@ def _run_episodes(render_mode: str, suite: str, task_id: int, init_states: tuple
     from libero_eval.rollout.protocols import get_protocol
 
     env = LiberoEpisodeEnv(
-        EnvSettings(render_mode=render_mode, video_stride=VIDEO_STRIDE, env_seed=1140),
-        get_protocol("rlinf", max_steps_override=MAX_STEPS),
+        EnvSettings(render_mode=render_mode, video_stride=VIDEO_STRIDE),
+        get_protocol("rlinf", max_steps_override=MAX_STEPS, seed=1140),
     )
     episodes = []
     try:

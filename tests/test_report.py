@@ -46,6 +46,8 @@ def episode_record(suite: str, task_id: int, init: int, first: int | None, index
         "task_language": f"{suite} task {task_id}",
         "init_state_id": init,
         "seed": 1140,
+        "reset_seeding": "episode",
+        "episode_seed": 12345,
         "protocol": "rlinf",
         "success_once": first is not None,
         "success_at_end": first is not None and index % 2 == 0,

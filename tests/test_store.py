@@ -35,6 +35,8 @@ def record(episode: Episode, **overrides) -> dict:
         "task_language": f"task {episode.task_id}",
         "init_state_id": episode.init_state_id,
         "seed": 1140,
+        "reset_seeding": "episode",
+        "episode_seed": 12345,
         "protocol": "rlinf",
         "success_once": episode.init_state_id % 2 == 0,
         "success_at_end": episode.init_state_id == 0,

@@ -210,3 +210,61 @@ def test_selftest_passes_with_the_expert_and_fails_loudly_on_a_wrong_convention(
     assert bad.returncode != 0
     assert "SELF-TEST FAILED: the scripted expert succeeded on 0% of 4 episodes" in bad.stderr
     assert not (REPO / "results" / bad_run / "selftest.txt").exists()
+
+
+@pytest.fixture
+def throughput_runs(tmp_path):
+    run_ids = [f"pytest_envs1_{tmp_path.name}", f"pytest_envs3_{tmp_path.name}"]
+    yield run_ids
+    for run_id in run_ids:
+        shutil.rmtree(REPO / "results" / run_id, ignore_errors=True)
+        shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
+
+
+def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuses_all(
+    tmp_path, throughput_runs
+):
+    """The scripted expert on 6 episodes with 1 env per shard and with 3: the same outcomes,
+    steps and seeds per episode. Then the first run again with 3 envs reuses every episode."""
+    frames = []
+    for run_id, envs in zip(throughput_runs, (1, 3), strict=True):
+        overlay = tmp_path / f"{run_id}.yaml"
+        overlay.write_text(
+            yaml.safe_dump(
+                {
+                    "run_id": run_id,
+                    "plan": {"task_ids": [0, 1], "num_trials_per_task": 3},
+                    "rollout": {"protocol": "cosmos", "max_steps": 150, "envs_per_shard": envs},
+                }
+            )
+        )
+        run = run_workflow(REPO / "config" / "config.yaml", str(overlay), cores=4)
+        assert run.returncode == 0, run.stderr[-3000:]
+        frames.append(
+            pd.read_parquet(REPO / "results" / run_id / "summary" / "episodes.parquet")
+            .sort_values(["task_id", "init_state_id"])
+            .reset_index(drop=True)
+        )
+    columns = ["task_id", "init_state_id", "success_once", "success_at_end", "steps"]
+    columns += ["first_success_step", "seed", "episode_seed", "policy_calls", "error"]
+    pd.testing.assert_frame_equal(frames[0][columns], frames[1][columns])
+    assert len(frames[0]) == 6 and frames[0]["success_once"].any()
+    assert frames[0]["episode_seed"].nunique() == 6
+
+    # Run 1 again with 3 envs per shard: every finished episode is reused, none rerun.
+    again = tmp_path / "again.yaml"
+    again.write_text(
+        yaml.safe_dump(
+            {
+                "run_id": throughput_runs[0],
+                "plan": {"task_ids": [0, 1], "num_trials_per_task": 3},
+                "rollout": {"protocol": "cosmos", "max_steps": 150, "envs_per_shard": 3},
+            }
+        )
+    )
+    rerun = run_workflow(REPO / "config" / "config.yaml", str(again), cores=4)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    after = pd.read_parquet(
+        REPO / "results" / throughput_runs[0] / "summary" / "episodes.parquet"
+    ).sort_values(["task_id", "init_state_id"])
+    assert after["finished_at"].tolist() == frames[0]["finished_at"].tolist()

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from libero_eval.plan import Shard, make_shards, plan_episodes
-from libero_eval.rollout.protocols import get_protocol
+from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.store import fingerprint
 
 
@@ -44,15 +44,13 @@ def check_config(config: dict[str, Any]) -> None:
         raise ConfigError(
             f"policy.num_frames ({frames}) must be 4k + 1 for Cosmos3's temporal VAE, e.g. 17"
         )
-    protocol = get_protocol(rollout["protocol"], rollout["max_steps"])
-    if not protocol.stop_at_success:
-        for suite in config["plan"]["suites"]:
-            max_steps = protocol.max_steps_for(suite)
-            if max_steps % chunks:
-                raise ConfigError(
-                    f"rollout.max_steps ({max_steps} for {suite} under protocol "
-                    f"{protocol.name}) must be a multiple of policy.num_action_chunks ({chunks})"
-                )
+    protocol = episode_protocol(config)
+    if rollout["reset_seeding"] == "reference" and not protocol.replays_reference_stream:
+        raise ConfigError(
+            f"rollout.reset_seeding: reference cannot reproduce protocol {protocol.name}: its "
+            "reference seeds each reset from the env's rank and slot, not from the episode "
+            "(docs/protocols.md); use reset_seeding: episode"
+        )
     stats_path = Path(policy["action_stats_path"])
     if not stats_path.is_file():
         raise ConfigError(
@@ -108,6 +106,13 @@ def check_config(config: dict[str, Any]) -> None:
             "server.reference.policy scripted plans from privileged state: set "
             "rollout.send_privileged_state: true (or use policy hold)"
         )
+
+
+def episode_protocol(config: dict[str, Any]) -> EpisodeProtocol:
+    """The run's episode protocol: rollout.protocol with rollout.max_steps and plan.seed
+    applied where they are set."""
+    rollout = config["rollout"]
+    return get_protocol(rollout["protocol"], rollout["max_steps"], config["plan"]["seed"])
 
 
 def shards(config: dict[str, Any]) -> list[Shard]:
@@ -172,7 +177,7 @@ def rollout_fingerprint(config: dict[str, Any]) -> str:
         policy["action_stats_path"] = hashlib.sha256(stats.read_bytes()).hexdigest()
     return fingerprint(
         {
-            "seed": config["plan"]["seed"],
+            "seed": episode_protocol(config).seed,
             "policy": policy,
             "rollout": rollout,
             "server": server_policy_settings(config),

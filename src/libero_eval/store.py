@@ -32,6 +32,8 @@ RESULT_SCHEMA = pa.schema(
         pa.field("task_language", pa.string()),
         pa.field("init_state_id", pa.int32(), nullable=False),
         pa.field("seed", pa.int64(), nullable=False),
+        pa.field("reset_seeding", pa.string(), nullable=False),
+        pa.field("episode_seed", pa.int64(), nullable=False),
         pa.field("protocol", pa.string(), nullable=False),
         pa.field("success_once", pa.bool_(), nullable=False),
         pa.field("success_at_end", pa.bool_(), nullable=False),

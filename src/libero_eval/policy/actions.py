@@ -218,15 +218,15 @@ def axis_angle_to_rot6d(rotvec: np.ndarray) -> np.ndarray:
 def gripper_to_libero(g: np.ndarray, mapping: GripperMapping = "binary") -> np.ndarray:
     """Model gripper ``g`` in [0, 1] (1 open) -> LIBERO command (-1 open, +1 close).
 
-    ``binary`` is RLinf's ``-sign(2g - 1)``, except that g == 0.5 (where sign gives 0) maps to
-    -1 (open): g < 0.5 -> +1, g >= 0.5 -> -1. ``continuous`` is cosmos-framework's
-    ``-(2g - 1)`` clipped to [-1, 1].
+    ``binary`` is RLinf's ``-sign(2g - 1)`` exactly: g < 0.5 -> +1, g > 0.5 -> -1, and
+    g == 0.5 -> 0 (robosuite's Panda gripper acts on the sign only, so 0 holds the fingers).
+    ``continuous`` is cosmos-framework's ``clip(1 - 2g, -1, 1)``.
     """
     g = np.asarray(g, dtype=np.float64)
     if not np.all(np.isfinite(g)):
         raise ValueError("gripper values contain non-finite values (NaN or inf)")
     if mapping == "binary":
-        return np.where(g < 0.5, 1.0, -1.0)
+        return -np.sign(2.0 * g - 1.0) + 0.0  # + 0.0: -0.0 becomes 0.0
     if mapping == "continuous":
         return np.clip(-(2.0 * g - 1.0), -1.0, 1.0)
     raise ValueError(f"unknown gripper mapping {mapping!r}; use one of {GRIPPER_MAPPINGS}")

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from libero_eval.policy.adapters.base import Observation
-from libero_eval.rollout.protocols import EpisodeProtocol
+from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 
 CAMERAS = ("agentview", "robot0_eye_in_hand")
 SETTLE_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
@@ -41,7 +41,7 @@ class EnvSettings:
     camera_size: int = 256
     render_mode: str = "on_demand"  # or "every_step" (what every peer does)
     send_privileged_state: bool = False
-    env_seed: int = 0
+    reset_seeding: str = "episode"  # or "reference" (libero_eval.rollout.protocols)
     video_stride: int = 0  # >0: also render every Nth step for an episode video
     mujoco_gl: str = "egl"
 
@@ -125,6 +125,8 @@ class LiberoEpisodeEnv:
         self._switch = _RenderSwitch()
         self.task_language = ""
         self._init_states: np.ndarray | None = None
+        # reset_seeding "reference": (suite, task) -> (resets done, numpy state after them)
+        self._reference_streams: dict[tuple[str, int], tuple[int, dict]] = {}
         # per-episode state
         self._episode: EpisodeSpec | None = None
         self._policy_steps = 0
@@ -148,7 +150,6 @@ class LiberoEpisodeEnv:
         self._env = OffScreenRenderEnv(
             bddl_file_name=bddl, camera_heights=size, camera_widths=size, horizon=100_000
         )
-        self._env.seed(self.settings.env_seed)
         if self.settings.render_mode == "on_demand":
             self._install_lazy_cameras()
         elif self.settings.render_mode != "every_step":
@@ -218,12 +219,12 @@ class LiberoEpisodeEnv:
         self._load(spec.suite, spec.task_id)
         self._episode = spec
         self._policy_steps = 0
-        self._max_steps = self.protocol.max_steps_for(spec.suite)
+        self._max_steps = self.protocol.policy_steps_for(spec.suite)
         self._success_once = False
         self._first_success = None
         self._last_success = False
         self._frames = []
-        self._env.reset()
+        self._seeded_reset(spec)
         settle = self.protocol.settle_steps
         self._switch.wanted = settle == 0
         try:
@@ -234,6 +235,35 @@ class LiberoEpisodeEnv:
             obs, _ = self._step(SETTLE_ACTION, render=i == settle - 1)
         self._maybe_keep_frame(obs, force=True)
         return self._query(obs)
+
+    def _seeded_reset(self, spec: EpisodeSpec) -> None:
+        """`env.reset()` with numpy's global stream (which places the fixtures) set as the
+        protocol's reset seeding says; never dependent on earlier episodes of this env."""
+        seed = reset_seed_of(
+            self.protocol,
+            self.settings.reset_seeding,
+            spec.suite,
+            spec.task_id,
+            spec.init_state_id,
+        )
+        if self.settings.reset_seeding == "episode":
+            np.random.seed(seed)
+            self._env.reset()
+            return
+        # The reference seeds once per task and runs trials 0, 1, ... in order: trial i draws
+        # from the stream after i resets. Replay the missing resets (cached per task).
+        key = (spec.suite, spec.task_id)
+        done, state = self._reference_streams.get(key, (0, None))
+        if state is None or done > spec.init_state_id:
+            np.random.seed(seed)
+            done = 0
+        else:
+            np.random.set_state(state)
+        while done < spec.init_state_id:
+            self._env.reset()
+            done += 1
+        self._env.reset()
+        self._reference_streams[key] = (done + 1, np.random.get_state(legacy=False))
 
     def _maybe_keep_frame(self, obs: dict, force: bool = False) -> None:
         if self.settings.video_stride > 0 and (force or self._video_frame_due(self._policy_steps)):
@@ -257,13 +287,15 @@ class LiberoEpisodeEnv:
                 f"policy chunk must be finite float[N, 7] LIBERO actions, got shape "
                 f"{actions.shape} (non-finite: {int((~np.isfinite(actions)).sum())})"
             )
+        if self.protocol.actions_per_query is not None:
+            actions = actions[: self.protocol.actions_per_query]
         obs = None
         remaining = self._max_steps - self._policy_steps
-        n = min(len(actions), remaining)
+        n = len(actions) if self.protocol.run_whole_chunks else min(len(actions), remaining)
         for i in range(n):
             last_in_chunk = i == n - 1
             step_number = self._policy_steps + 1
-            ends_here = step_number >= self._max_steps
+            ends_here = last_in_chunk and step_number >= self._max_steps
             render = (last_in_chunk and not ends_here) or self._video_frame_due(step_number)
             obs, success = self._step(actions[i], render=render)
             self._policy_steps = step_number
@@ -279,8 +311,7 @@ class LiberoEpisodeEnv:
         return self._query(obs)
 
     def _counted(self, policy_steps: int) -> int:
-        extra = self.protocol.settle_steps if self.protocol.count_settle_steps else 0
-        return policy_steps + extra
+        return self.protocol.reported_steps(policy_steps)
 
     def _finish(self) -> EpisodeOutcome:
         outcome = EpisodeOutcome(
@@ -297,6 +328,16 @@ class LiberoEpisodeEnv:
 
     def sim_state(self) -> np.ndarray:
         return self._env.get_sim_state()
+
+    def fixture_positions(self) -> dict[str, np.ndarray]:
+        """Where the scene's fixtures (cabinets, stoves, ...) stand: what the reset stream
+        decides and `set_init_state` does not restore."""
+        inner = self._env.env
+        model = inner.sim.model
+        return {
+            name: np.array(model.body_pos[model.body_name2id(fixture.root_body)])
+            for name, fixture in inner.fixtures_dict.items()
+        }
 
 
 # -- worker process ----------------------------------------------------------------------------

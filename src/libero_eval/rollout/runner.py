@@ -43,7 +43,7 @@ from libero_eval.policy.client import (
     PolicyServerUnavailable,
 )
 from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeOutcome, EpisodeSpec
-from libero_eval.rollout.protocols import EpisodeProtocol
+from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.store import EpisodeStore, write_results
 
 
@@ -63,8 +63,7 @@ class ShardSettings:
     run_id: str
     shard: str
     slot: int
-    seed: int
-    protocol: EpisodeProtocol
+    protocol: EpisodeProtocol  # its seed is the run's seed (recorded in every row)
     env: EnvSettings
     policy_family: str
     policy_settings: dict[str, Any]
@@ -108,7 +107,15 @@ def _record(
         "task_id": episode.task_id,
         "task_language": running.task_language if running else None,
         "init_state_id": episode.init_state_id,
-        "seed": settings.seed,
+        "seed": settings.protocol.seed,
+        "reset_seeding": settings.env.reset_seeding,
+        "episode_seed": reset_seed_of(
+            settings.protocol,
+            settings.env.reset_seeding,
+            episode.suite,
+            episode.task_id,
+            episode.init_state_id,
+        ),
         "protocol": settings.protocol.name,
         "success_once": bool(outcome and outcome.success_once),
         "success_at_end": bool(outcome and outcome.success_at_end),

@@ -17,9 +17,9 @@ from libero_eval.eventlog import log_event
 from libero_eval.faults import InjectedFault
 from libero_eval.plan import Episode
 from libero_eval.rollout.env_worker import EnvSettings
-from libero_eval.rollout.protocols import get_protocol
 from libero_eval.rollout.runner import ClientSettings, ShardFailed, ShardSettings, run_shard
 from libero_eval.servers.launcher import ParentWatch, ServiceUnavailableError, wait_for_service
+from libero_eval.settings import episode_protocol
 from libero_eval.store import EpisodeStore
 
 
@@ -37,13 +37,12 @@ def shard_settings(
         run_id=run_id,
         shard=shard,
         slot=slot,
-        seed=config["plan"]["seed"],
-        protocol=get_protocol(rollout["protocol"], rollout["max_steps"]),
+        protocol=episode_protocol(config),
         env=EnvSettings(
             camera_size=rollout["camera_size"],
             render_mode=rollout["render_mode"],
             send_privileged_state=rollout["send_privileged_state"],
-            env_seed=config["plan"]["seed"],
+            reset_seeding=rollout["reset_seeding"],
             video_stride=videos["frame_stride"] if videos["enabled"] else 0,
             mujoco_gl=rollout["mujoco_gl"],
         ),
