@@ -29,10 +29,12 @@ from libero_eval.servers.launcher import (
     ServerSettings,
     ServerSettingsError,
     ServerStartError,
-    ServiceUnavailableError,
-    ServiceWaitTimeout,
     build_command,
     build_env,
+)
+from libero_eval.service import (
+    ServiceUnavailableError,
+    ServiceWaitTimeout,
     wait_for_service,
     write_service_file,
 )

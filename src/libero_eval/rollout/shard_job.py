@@ -18,7 +18,7 @@ from libero_eval.faults import InjectedFault
 from libero_eval.plan import Episode
 from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.runner import ClientSettings, ShardFailed, ShardSettings, run_shard
-from libero_eval.servers.launcher import ParentWatch, ServiceUnavailableError, wait_for_service
+from libero_eval.service import ParentWatch, ServiceUnavailableError, wait_for_service
 from libero_eval.settings import episode_protocol
 from libero_eval.store import EpisodeStore
 

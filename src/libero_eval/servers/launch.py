@@ -6,7 +6,7 @@
 The server's output goes to this process's stdout (the rule's log). The service file is
 written atomically: status "starting" (with url, pid, pgid) once the server is spawned,
 "ready" once GET /health answers 200, "failed" (with an error) or "stopped" at the end.
-Consumers wait for it with `libero_eval.servers.launcher.wait_for_service`.
+Consumers wait for it with `libero_eval.service.wait_for_service`.
 
 Stops on SIGTERM (Snakemake, once every consumer finished), SIGINT, SIGHUP, or the death of
 the parent process; then the server's whole process tree is torn down and the exit code is 0.
@@ -34,14 +34,13 @@ from libero_eval.eventlog import log_event
 from libero_eval.servers.launcher import (
     LaunchAborted,
     ManagedServer,
-    ParentWatch,
     ServerSettings,
     ServerSettingsError,
     ServerStartError,
     build_command,
     resolve_port,
-    write_service_file,
 )
+from libero_eval.service import ParentWatch, write_service_file
 
 EXIT_STOPPED = 0
 EXIT_SERVER_FAILED = 1

@@ -3,8 +3,8 @@
 `ManagedServer` runs either the built-in reference server or `sglang serve` in a new session
 (its own process group), waits for `GET /health` to answer 200 (failing fast if the process
 exits first) and on `stop()` terminates the whole group plus any descendant that left it.
-`ParentWatch` makes the launcher follow its parent (Snakemake) into death. `wait_for_service`
-is the consumer side: it waits for the service file written by `libero_eval.servers.launch`.
+The launcher follows its parent (Snakemake) into death with `libero_eval.service.ParentWatch`;
+consumers wait for the service file with `libero_eval.service.wait_for_service`.
 
 The SGLang flags emitted here all exist in SGLang 0.5.23's
 `sglang/multimodal_gen/runtime/server_args/server_args.py` (`--model-path`,
@@ -18,7 +18,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
-import json
 import math
 import os
 import shlex
@@ -32,11 +31,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from pathlib import Path
 from typing import IO, Any, Protocol
 
 import psutil
 import requests
+
+from libero_eval.service import PR_SET_PDEATHSIG
 
 BACKENDS = ("reference", "sglang")
 LOG_TAIL_LINES = 40
@@ -68,14 +68,6 @@ class ServerStartError(RuntimeError):
 
 class LaunchAborted(RuntimeError):
     """A stop was requested while waiting for the server to become healthy."""
-
-
-class ServiceUnavailableError(RuntimeError):
-    """A consumer could not reach the server announced by a service file."""
-
-
-class ServiceWaitTimeout(ServiceUnavailableError, TimeoutError):
-    """The service file or its `/health` did not become ready before the deadline."""
 
 
 # --------------------------------------------------------------------------- settings
@@ -455,19 +447,6 @@ def _describe_exit(code: int) -> str:
 
 # --------------------------------------------------------------------------- parent death
 
-PR_SET_PDEATHSIG = 1
-
-
-def set_parent_death_signal(signum: int = signal.SIGTERM) -> bool:
-    """Ask Linux to send `signum` to this process when its parent dies (prctl)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
 
 def _child_parent_death_hook() -> Callable[[], None] | None:
     """A preexec_fn giving the server SIGTERM if the launcher dies without cleaning up."""
@@ -482,44 +461,6 @@ def _child_parent_death_hook() -> Callable[[], None] | None:
         prctl(PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
 
     return hook
-
-
-class ParentWatch:
-    """Calls `on_parent_death(old_ppid)` once when this process's parent goes away.
-
-    Two mechanisms: prctl(PR_SET_PDEATHSIG, SIGTERM) (the process must handle SIGTERM, e.g.
-    by requesting a stop; the handler can tell this case by `parent_gone()`), and a daemon
-    thread that notices a change of os.getppid() (reparenting to init or a subreaper).
-    """
-
-    def __init__(self, on_parent_death: Callable[[int], None], poll_s: float = 0.5):
-        self.original_ppid = os.getppid()
-        self._on_parent_death = on_parent_death
-        self._poll_s = poll_s
-        self._fired = threading.Event()
-        self._stopped = threading.Event()
-        self.pdeathsig_armed = False
-
-    def parent_gone(self) -> bool:
-        return os.getppid() != self.original_ppid
-
-    def start(self) -> ParentWatch:
-        self.pdeathsig_armed = set_parent_death_signal(signal.SIGTERM)
-        thread = threading.Thread(target=self._run, name="parent-watch", daemon=True)
-        thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stopped.set()
-
-    def _run(self) -> None:
-        # The first check runs at once: the parent may have died before prctl was armed.
-        while not self._stopped.is_set():
-            if self.parent_gone() and not self._fired.is_set():
-                self._fired.set()
-                self._on_parent_death(self.original_ppid)
-                return
-            self._stopped.wait(self._poll_s)
 
 
 # --------------------------------------------------------------------------- the server
@@ -785,78 +726,3 @@ class ManagedServer:
             finally:
                 atexit.unregister(self.stop)
             return self._proc.returncode
-
-
-# --------------------------------------------------------------------------- service file
-
-
-def write_service_file(path: str | os.PathLike[str], info: Mapping[str, Any]) -> None:
-    """Write `info` as JSON atomically (temporary file + os.replace)."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(dict(info), handle, indent=2, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, target)
-
-
-def read_service_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The service file's content, or None while it is missing or not valid JSON."""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
-def wait_for_service(
-    service_file: str | os.PathLike[str],
-    timeout_s: float = 900.0,
-    poll_s: float = 1.0,
-    log_path: str | os.PathLike[str] | None = None,
-) -> dict[str, Any]:
-    """Wait until the service file says "ready" and its URL's /health answers 200.
-
-    Returns the service file's content (keys slot, url, pid, pgid, backend, status, ...).
-    Raises ServiceUnavailableError at once if the launcher reported "failed"/"stopped", and
-    ServiceWaitTimeout when the deadline passes; both name the file and the serve log.
-    """
-    deadline = time.monotonic() + timeout_s
-    see_log = f"; see the serve log {log_path}" if log_path else ""
-    last_state = "the file does not exist yet"
-    with requests.Session() as session:
-        session.trust_env = False
-        while True:
-            info = read_service_file(service_file)
-            if info is not None:
-                status = info.get("status")
-                if status in ("failed", "stopped"):
-                    reason = info.get("error") or "no reason given"
-                    raise ServiceUnavailableError(
-                        f"server behind {service_file} is {status}: {reason}{see_log}"
-                    )
-                url = info.get("url")
-                if status != "ready" or not isinstance(url, str):
-                    last_state = f"status is {status!r}"
-                else:
-                    remaining = deadline - time.monotonic()
-                    try:
-                        response = session.get(
-                            f"{url}/health", timeout=max(0.5, min(5.0, remaining))
-                        )
-                        if response.status_code == 200:
-                            return info
-                        last_state = f"{url}/health answered HTTP {response.status_code}"
-                    except requests.RequestException as exc:
-                        last_state = f"{url}/health failed: {type(exc).__name__}"
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ServiceWaitTimeout(
-                    f"server behind {service_file} not ready after {timeout_s:g} s "
-                    f"({last_state}){see_log}"
-                )
-            time.sleep(min(poll_s, remaining))
