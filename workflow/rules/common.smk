@@ -2,6 +2,7 @@ import json
 import sys
 from pathlib import Path
 
+from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
 from libero_eval import settings as eval_settings
@@ -14,7 +15,14 @@ except eval_settings.ConfigError as error:
     raise WorkflowError(f"Invalid config: {error}")
 
 RUN = config["run_id"]
-PYTHON = sys.executable
+# The serve rule's interpreter: under `--sdm conda` the rule's own environment's `python`
+# (its `conda:` env is on PATH); otherwise the interpreter Snakemake runs in, which need not be
+# first on PATH (e.g. `.venv/bin/snakemake` without activating the venv).
+PYTHON = (
+    "python"
+    if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
+    else sys.executable
+)
 SHARDS = {shard.name: shard for shard in eval_settings.shards(config)}
 SLOTS = sorted({shard.slot for shard in SHARDS.values()})
 FINGERPRINT = eval_settings.rollout_fingerprint(config)
