@@ -20,8 +20,8 @@ from libero_eval.compare import (
     load_episodes,
     mcnemar_exact,
     paired_bootstrap_ci,
-    write_comparison,
 )
+from libero_eval.report.comparison import write_comparison
 from libero_eval.store import RESULT_COLUMNS, write_frame
 
 REPO = Path(__file__).resolve().parents[1]

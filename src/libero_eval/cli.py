@@ -133,7 +133,7 @@ def _compare(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     if args.output_dir:
-        from libero_eval.compare import write_comparison
+        from libero_eval.report.comparison import write_comparison
 
         out = Path(args.output_dir)
         write_comparison(

@@ -333,30 +333,3 @@ def _cell(value: object) -> str:
     if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
         return ""
     return str(value).splitlines()[0].replace("|", "\\|")[:120]
-
-
-def write_comparison(comparison: Comparison, outputs: dict[str, str | Path]) -> None:
-    """Write the outputs named in `outputs`: markdown, per_task, flipped, figure, html."""
-    for key, path in outputs.items():
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        if key == "markdown":
-            Path(path).write_text(comparison_markdown(comparison))
-        elif key == "per_task":
-            comparison.table.to_csv(path, index=False)
-        elif key == "flipped":
-            comparison.flipped.to_csv(path, index=False)
-        elif key == "unmatched":
-            comparison.unmatched.to_csv(path, index=False)
-        elif key == "figure":
-            from libero_eval.report import difference_figure, save_figure
-
-            save_figure(difference_figure(comparison), path)
-        elif key == "html":
-            from libero_eval.report import comparison_html
-
-            Path(path).write_text(comparison_html(comparison))
-        else:
-            raise ValueError(
-                f"unknown comparison output {key!r}; use markdown, per_task, flipped, "
-                "unmatched, figure or html"
-            )

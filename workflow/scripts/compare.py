@@ -2,7 +2,8 @@
 
 import os
 
-from libero_eval.compare import compare_runs, write_comparison
+from libero_eval.compare import compare_runs
+from libero_eval.report.comparison import write_comparison
 from libero_eval.store import read_results
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake

@@ -1,0 +1,147 @@
+"""Report material: figures (matplotlib, Agg), HTML tables, provenance and episode-video pages.
+
+Everything here reads the aggregated tables (`results/<run>/summary/episodes.parquet` and
+`summary.parquet`) and writes self-contained files: PNG figures, HTML pages that embed their
+data (videos as data URIs), JSON provenance. The workflow's figure rule marks them for
+`snakemake --report`. One module per kind of output: `figures`, `tables`, `provenance`,
+`videos`, and `comparison` (two runs side by side, on top of `libero_eval.compare`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from libero_eval.report.comparison import comparison_html, difference_figure, write_comparison
+from libero_eval.report.figures import (
+    METRIC_LABELS,
+    first_success_step_figure,
+    latency_over_time_figure,
+    save_figure,
+    steps_per_second,
+    success_by_suite_figure,
+    success_by_task_figure,
+    throughput_over_time_figure,
+)
+from libero_eval.report.provenance import (
+    PROVENANCE_PACKAGES,
+    file_sha256,
+    git_state,
+    package_versions,
+    provenance,
+    provenance_html,
+)
+from libero_eval.report.tables import (
+    NO_ERROR,
+    failures_by_error,
+    failures_html,
+    html_page,
+    success_table_html,
+)
+from libero_eval.report.videos import select_videos, videos_html
+
+__all__ = [
+    "METRIC_LABELS",
+    "NO_ERROR",
+    "PROVENANCE_PACKAGES",
+    "comparison_html",
+    "difference_figure",
+    "failures_by_error",
+    "failures_html",
+    "file_sha256",
+    "first_success_step_figure",
+    "git_state",
+    "html_page",
+    "latency_over_time_figure",
+    "package_versions",
+    "provenance",
+    "provenance_html",
+    "save_figure",
+    "select_videos",
+    "steps_per_second",
+    "success_by_suite_figure",
+    "success_by_task_figure",
+    "success_table_html",
+    "throughput_over_time_figure",
+    "videos_html",
+    "write_comparison",
+    "write_report_outputs",
+]
+
+
+class _Run:
+    """One run's inputs to the report, each read or built once."""
+
+    def __init__(self, episodes, table, config, repo_dir, fingerprint):
+        self.episodes, self.table, self.config = episodes, table, config
+        self.repo_dir, self.fingerprint = repo_dir, fingerprint
+        report = config.get("report", {})
+        self.confidence = report.get("confidence_level", 0.95)
+        self.decimals = report.get("decimals", 1)
+        self.videos_per_task = report.get("videos_per_task", 1)
+        self._provenance: dict[str, Any] | None = None
+
+    def provenance(self) -> dict[str, Any]:
+        if self._provenance is None:
+            self._provenance = provenance(
+                self.config, self.repo_dir, self.fingerprint, self.episodes
+            )
+        return self._provenance
+
+
+def _figure(draw: Callable[[_Run], Any]) -> Callable[[_Run, Path], None]:
+    return lambda run, path: save_figure(draw(run), path)
+
+
+def _text(render: Callable[[_Run], str]) -> Callable[[_Run, Path], None]:
+    return lambda run, path: path.write_text(render(run))
+
+
+# The figure rule's and the video rule's output keys, each with what writes it.
+OUTPUT_WRITERS: dict[str, Callable[[_Run, Path], None]] = {
+    "success_by_task": _figure(lambda r: success_by_task_figure(r.table, r.confidence)),
+    "success_by_suite": _figure(lambda r: success_by_suite_figure(r.table, r.confidence)),
+    "success_table": _text(lambda r: success_table_html(r.table, r.confidence, r.decimals)),
+    "first_success_step": _figure(lambda r: first_success_step_figure(r.episodes)),
+    "latency_over_time": _figure(lambda r: latency_over_time_figure(r.episodes)),
+    "throughput_over_time": _figure(lambda r: throughput_over_time_figure(r.episodes)),
+    "failures_csv": lambda r, path: failures_by_error(r.episodes).to_csv(path, index=False),
+    "failures_html": _text(lambda r: failures_html(failures_by_error(r.episodes), len(r.episodes))),
+    "provenance_json": _text(
+        lambda r: json.dumps(r.provenance(), indent=2, sort_keys=True, default=str) + "\n"
+    ),
+    "provenance_html": _text(lambda r: provenance_html(r.provenance())),
+    "videos": _text(
+        lambda r: videos_html(
+            select_videos(r.episodes, r.videos_per_task),
+            int(r.episodes["video_path"].notna().sum()),
+        )
+    ),
+}
+
+
+def write_report_outputs(
+    episodes_path: str | Path,
+    tables_path: str | Path,
+    outputs: dict[str, str | Path],
+    config: dict[str, Any],
+    repo_dir: str | Path = ".",
+    fingerprint: str | None = None,
+) -> None:
+    """Write each output named in `outputs` (keys of OUTPUT_WRITERS)."""
+    from libero_eval.store import read_results
+
+    unknown = sorted(set(outputs) - OUTPUT_WRITERS.keys())
+    if unknown:
+        raise ValueError(f"unknown report output {unknown[0]!r}; known: {sorted(OUTPUT_WRITERS)}")
+    run = _Run(
+        read_results([episodes_path]), pd.read_parquet(tables_path), config, repo_dir, fingerprint
+    )
+    for key, path in outputs.items():
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        OUTPUT_WRITERS[key](run, path)

@@ -1,0 +1,117 @@
+"""Self-contained HTML pages and tables of one run: success with intervals, failures by error."""
+
+from __future__ import annotations
+
+import html
+import math
+from typing import Any
+
+import pandas as pd
+
+from libero_eval.report.figures import _level
+
+NO_ERROR = "task not completed (no error)"
+
+_CSS = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.5em; }
+table { border-collapse: collapse; font-size: 0.9em; margin: 0.5em 0; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.6em; text-align: left; vertical-align: top; }
+th { background: #f0f0f0; }
+pre { background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }
+figure { display: inline-block; margin: 0.4em; } figcaption { font-size: 0.85em; }
+video { width: 256px; background: #000; }
+.gained { color: #1a7f37; } .lost { color: #cf222e; }
+"""
+
+
+def html_page(title: str, body: str) -> str:
+    """A self-contained HTML page (inline CSS, no external resources)."""
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{_CSS}</style></head>\n"
+        f"<body><h1>{html.escape(title)}</h1>\n{body}\n</body></html>\n"
+    )
+
+
+def _html_table(frame: pd.DataFrame) -> str:
+    return frame.to_html(index=False, border=0, na_rep="", escape=True)
+
+
+def _ci_cell(value: float, low: float, high: float, decimals: int) -> str:
+    if math.isnan(value):
+        return "n/a"
+    return f"{100 * value:.{decimals}f}% [{100 * low:.{decimals}f}, {100 * high:.{decimals}f}]"
+
+
+def success_table_html(table: pd.DataFrame, confidence: float = 0.95, decimals: int = 1) -> str:
+    """Suites, overall and every task with both metrics and their Wilson intervals."""
+    level = _level(confidence)
+
+    def rows(part: pd.DataFrame, task_label: bool) -> pd.DataFrame:
+        frame = pd.DataFrame({"suite": part["suite"]})
+        if task_label:
+            frame["task"] = [
+                f"{t}: {lang}"
+                for t, lang in zip(part["task_id"], part["task_language"], strict=True)
+            ]
+        for metric in ("success_once", "success_at_end"):
+            frame[f"{metric} ({level} Wilson CI)"] = [
+                _ci_cell(r[metric], r[f"{metric}_ci_low"], r[f"{metric}_ci_high"], decimals)
+                for _, r in part.iterrows()
+            ]
+        frame["episodes"] = part["num_trajectories"].to_numpy()
+        frame["errors"] = part["num_errors"].to_numpy()
+        frame["mean steps"] = part["mean_steps"].round(0).to_numpy()
+        return frame
+
+    suites = table[table["level"] != "task"]
+    tasks = table[table["level"] == "task"]
+    body = (
+        f"<h2>Suites and overall</h2>{_html_table(rows(suites, False))}"
+        f"<h2>Tasks</h2>{_html_table(rows(tasks, True))}"
+    )
+    return html_page("Success per task and suite", body)
+
+
+def _first_line(error: Any) -> str:
+    if error is None or error is pd.NA or (isinstance(error, float) and math.isnan(error)):
+        return NO_ERROR
+    return str(error).strip().splitlines()[0][:300] if str(error).strip() else NO_ERROR
+
+
+def failures_by_error(episodes: pd.DataFrame, metric: str = "success_once") -> pd.DataFrame:
+    """Failed episodes grouped by their error's first line (no error: the task was not done)."""
+    columns = ["error", "episodes", "share_of_failures", "suites", "examples"]
+    failed = episodes[~episodes[metric].astype(bool)]
+    if not len(failed):
+        return pd.DataFrame(columns=columns)
+    reasons = failed["error"].map(_first_line)
+    rows = []
+    for reason, group in failed.groupby(reasons, sort=False):
+        keys = [
+            f"{r.suite}/task{int(r.task_id):02d}/init{int(r.init_state_id):02d}"
+            for r in group.itertuples()
+        ]
+        rows.append(
+            {
+                "error": reason,
+                "episodes": len(group),
+                "share_of_failures": len(group) / len(failed),
+                "suites": ", ".join(sorted(group["suite"].unique())),
+                "examples": ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else ""),
+            }
+        )
+    return pd.DataFrame(rows, columns=columns).sort_values(
+        ["episodes", "error"], ascending=[False, True], ignore_index=True
+    )
+
+
+def failures_html(failures: pd.DataFrame, num_episodes: int) -> str:
+    shown = failures.assign(
+        share_of_failures=failures["share_of_failures"].map(lambda v: f"{100 * v:.1f}%")
+    )
+    total = int(failures["episodes"].sum()) if len(failures) else 0
+    body = f"<p>{total} of {num_episodes} episodes failed (success_once false).</p>"
+    body += _html_table(shown) if len(failures) else "<p>No failures.</p>"
+    return html_page("Failures grouped by error", body)
