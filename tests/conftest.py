@@ -1,12 +1,48 @@
-"""Fixtures shared by the test files."""
+"""Fixtures and builders shared by the test files."""
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
 from snakemake.utils import validate
 
 REPO = Path(__file__).resolve().parents[1]
+
+# One finished episode's result row, as the episode store holds it (every RESULT_SCHEMA column).
+EPISODE_RECORD: dict[str, Any] = {
+    "run_id": "test",
+    "suite": "libero_spatial",
+    "task_id": 0,
+    "task_language": "task 0",
+    "init_state_id": 0,
+    "seed": 1140,
+    "reset_seeding": "episode",
+    "episode_seed": 12345,
+    "protocol": "rlinf",
+    "success_once": True,
+    "success_at_end": True,
+    "first_success_step": 100,
+    "steps": 480,
+    "policy_calls": 30,
+    "policy_latency_mean_s": 0.1,
+    "policy_latency_p50_s": 0.1,
+    "policy_latency_p95_s": 0.2,
+    "wall_time_s": 12.0,
+    "server_slot": 0,
+    "server_url": "http://127.0.0.1:1",
+    "shard": "shard000",
+    "finished_at": 0.0,
+    "video_path": None,
+    "error": None,
+}
+
+
+def make_record(**fields: Any) -> dict[str, Any]:
+    """A complete result row: EPISODE_RECORD with `fields` replaced."""
+    unknown = fields.keys() - EPISODE_RECORD.keys()
+    assert not unknown, f"not result columns: {sorted(unknown)}"
+    return {**EPISODE_RECORD, **fields}
 
 
 @pytest.fixture

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import make_record
 from snakemake.utils import validate
 
 from libero_eval.aggregate import write_summary
@@ -38,32 +39,17 @@ def full_config(**sections) -> dict:
 
 
 def finished_record(episode: Episode) -> dict:
-    return {
-        "run_id": "bad_input",
-        "suite": episode.suite,
-        "task_id": episode.task_id,
-        "task_language": "pick up the black bowl",
-        "init_state_id": episode.init_state_id,
-        "seed": 1140,
-        "reset_seeding": "episode",
-        "episode_seed": 12345,
-        "protocol": "rlinf",
-        "success_once": True,
-        "success_at_end": True,
-        "first_success_step": 77,
-        "steps": 480,
-        "policy_calls": 30,
-        "policy_latency_mean_s": 0.1,
-        "policy_latency_p50_s": 0.1,
-        "policy_latency_p95_s": 0.1,
-        "wall_time_s": 10.0,
-        "server_slot": 0,
-        "server_url": "http://127.0.0.1:1",
-        "shard": "shard000",
-        "finished_at": 1.0,
-        "video_path": None,
-        "error": None,
-    }
+    return make_record(
+        run_id="bad_input",
+        suite=episode.suite,
+        task_id=episode.task_id,
+        task_language="pick up the black bowl",
+        init_state_id=episode.init_state_id,
+        first_success_step=77,
+        policy_latency_p95_s=0.1,
+        wall_time_s=10.0,
+        finished_at=1.0,
+    )
 
 
 # ----------------------------------------------------------------------------- config

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import make_record
 from PIL import Image
 
 from libero_eval import cli
@@ -33,32 +34,17 @@ def episodes_frame(
     """A results table (every RESULT_SCHEMA column) with success per (task, init state)."""
     rows = []
     for (task_id, init_state_id), success in sorted(outcomes.items()):
-        row = {
-            "run_id": run_id,
-            "suite": "libero_spatial",
-            "task_id": task_id,
-            "task_language": f"task {task_id}",
-            "init_state_id": init_state_id,
-            "seed": 1140,
-            "reset_seeding": "episode",
-            "episode_seed": 12345,
-            "protocol": "rlinf",
-            "success_once": success,
-            "success_at_end": success,
-            "first_success_step": 100 if success else None,
-            "steps": 480,
-            "policy_calls": 30,
-            "policy_latency_mean_s": 0.1,
-            "policy_latency_p50_s": 0.1,
-            "policy_latency_p95_s": 0.2,
-            "wall_time_s": 60.0,
-            "server_slot": 0,
-            "server_url": "http://127.0.0.1:1",
-            "shard": "shard000",
-            "finished_at": 1_700_000_000.0 + 60 * len(rows),
-            "video_path": None,
-            "error": None,
-        }
+        row = make_record(
+            run_id=run_id,
+            task_id=task_id,
+            task_language=f"task {task_id}",
+            init_state_id=init_state_id,
+            success_once=success,
+            success_at_end=success,
+            first_success_step=100 if success else None,
+            wall_time_s=60.0,
+            finished_at=1_700_000_000.0 + 60 * len(rows),
+        )
         row.update((overrides or {}).get((task_id, init_state_id), {}))
         rows.append(row)
     return pd.DataFrame(rows, columns=RESULT_COLUMNS)

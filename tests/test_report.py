@@ -14,6 +14,7 @@ import imageio.v3 as iio
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import make_record
 from PIL import Image
 
 from libero_eval import report
@@ -39,32 +40,24 @@ def assert_chart_png(path: Path) -> None:
 
 def episode_record(suite: str, task_id: int, init: int, first: int | None, index: int) -> dict:
     """One result row (plain Python values, as the episode store holds it)."""
-    return {
-        "run_id": "synthetic",
-        "suite": suite,
-        "task_id": task_id,
-        "task_language": f"{suite} task {task_id}",
-        "init_state_id": init,
-        "seed": 1140,
-        "reset_seeding": "episode",
-        "episode_seed": 12345,
-        "protocol": "rlinf",
-        "success_once": first is not None,
-        "success_at_end": first is not None and index % 2 == 0,
-        "first_success_step": first,
-        "steps": 480,
-        "policy_calls": 30,
-        "policy_latency_mean_s": 0.05 + 0.01 * index,
-        "policy_latency_p50_s": 0.05,
-        "policy_latency_p95_s": 0.08 + 0.01 * index,
-        "wall_time_s": 30.0,
-        "server_slot": index % 2,
-        "server_url": f"http://127.0.0.1:{9000 + index % 2}",
-        "shard": f"shard{index % 2:03d}",
-        "finished_at": 1_700_000_030.0 + 15 * index,
-        "video_path": None,
-        "error": None,
-    }
+    return make_record(
+        run_id="synthetic",
+        suite=suite,
+        task_id=task_id,
+        task_language=f"{suite} task {task_id}",
+        init_state_id=init,
+        success_once=first is not None,
+        success_at_end=first is not None and index % 2 == 0,
+        first_success_step=first,
+        policy_latency_mean_s=0.05 + 0.01 * index,
+        policy_latency_p50_s=0.05,
+        policy_latency_p95_s=0.08 + 0.01 * index,
+        wall_time_s=30.0,
+        server_slot=index % 2,
+        server_url=f"http://127.0.0.1:{9000 + index % 2}",
+        shard=f"shard{index % 2:03d}",
+        finished_at=1_700_000_030.0 + 15 * index,
+    )
 
 
 KEYS = [(s, t, i) for s in ("libero_goal", "libero_spatial") for t in (0, 1) for i in range(3)]

@@ -5,6 +5,7 @@ import math
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import make_record
 
 from libero_eval.aggregate import check_complete, markdown_summary, success_tables, wilson_interval
 from libero_eval.store import RESULT_SCHEMA, read_results, write_results
@@ -35,32 +36,17 @@ REQUIRED_COLUMNS = {
 
 
 def record(task_id, init_state_id, success, error=None, suite="libero_spatial"):
-    return {
-        "run_id": "t",
-        "suite": suite,
-        "task_id": task_id,
-        "task_language": f"task {task_id}",
-        "init_state_id": init_state_id,
-        "seed": 1140,
-        "reset_seeding": "episode",
-        "episode_seed": 12345,
-        "protocol": "rlinf",
-        "success_once": success,
-        "success_at_end": success,
-        "first_success_step": 100 if success else None,
-        "steps": 480,
-        "policy_calls": 30,
-        "policy_latency_mean_s": 0.1,
-        "policy_latency_p50_s": 0.1,
-        "policy_latency_p95_s": 0.2,
-        "wall_time_s": 12.0,
-        "server_slot": 0,
-        "server_url": "http://127.0.0.1:1",
-        "shard": "shard000",
-        "finished_at": 0.0,
-        "video_path": None,
-        "error": error,
-    }
+    return make_record(
+        run_id="t",
+        suite=suite,
+        task_id=task_id,
+        task_language=f"task {task_id}",
+        init_state_id=init_state_id,
+        success_once=success,
+        success_at_end=success,
+        first_success_step=100 if success else None,
+        error=error,
+    )
 
 
 def test_parquet_schema_has_every_required_column_and_type(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pyarrow.parquet as pq
 import pytest
+from conftest import make_record
 
 from libero_eval.plan import Episode
 from libero_eval.store import (
@@ -28,32 +29,19 @@ EPISODES = [Episode("libero_spatial", task, init) for task in (0, 1) for init in
 
 def record(episode: Episode, **overrides) -> dict:
     """A complete result row for `episode` (deterministic values derived from its ids)."""
-    row = {
-        "run_id": "store_test",
-        "suite": episode.suite,
-        "task_id": episode.task_id,
-        "task_language": f"task {episode.task_id}",
-        "init_state_id": episode.init_state_id,
-        "seed": 1140,
-        "reset_seeding": "episode",
-        "episode_seed": 12345,
-        "protocol": "rlinf",
-        "success_once": episode.init_state_id % 2 == 0,
-        "success_at_end": episode.init_state_id == 0,
-        "first_success_step": 40 + episode.task_id if episode.init_state_id % 2 == 0 else None,
-        "steps": 480,
-        "policy_calls": 30,
-        "policy_latency_mean_s": 0.1,
-        "policy_latency_p50_s": 0.1,
-        "policy_latency_p95_s": 0.2,
-        "wall_time_s": 12.5,
-        "server_slot": 0,
-        "server_url": "http://127.0.0.1:30000",
-        "shard": "shard000",
-        "finished_at": time.time(),
-        "video_path": None,
-        "error": None,
-    }
+    row = make_record(
+        run_id="store_test",
+        suite=episode.suite,
+        task_id=episode.task_id,
+        task_language=f"task {episode.task_id}",
+        init_state_id=episode.init_state_id,
+        success_once=episode.init_state_id % 2 == 0,
+        success_at_end=episode.init_state_id == 0,
+        first_success_step=40 + episode.task_id if episode.init_state_id % 2 == 0 else None,
+        wall_time_s=12.5,
+        server_url="http://127.0.0.1:30000",
+        finished_at=time.time(),
+    )
     row.update(overrides)
     return row
 
