@@ -69,14 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
 
-    from libero.libero import benchmark, get_libero_path
-    from libero.libero.envs.env_wrapper import ControlEnv
+    from libero.libero import benchmark
 
     from libero_eval.policy.actions import (
         libero_to_model_chunk,
         load_action_stats,
         model_chunk_to_libero,
     )
+    from libero_eval.rollout.env_worker import physics_only_env
     from libero_eval.rollout.privileged import privileged_state
     from libero_eval.rollout.protocols import episode_seed, get_protocol
     from libero_eval.servers.policies.base import PolicyItem
@@ -102,13 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.time()
     for task_id in task_ids:
         task = suite.get_task(task_id)
-        bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
-        env = ControlEnv(
-            bddl_file_name=bddl,
-            has_renderer=False,
-            has_offscreen_renderer=False,
-            use_camera_obs=False,
-        )
+        env = physics_only_env(args.suite, task_id)
         init_states = suite.get_task_init_states(task_id)
         for trial in range(args.first_trial, args.first_trial + args.trials):
             init_state_id = trial % len(init_states)

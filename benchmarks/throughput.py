@@ -105,17 +105,6 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
     return "\n".join(lines)
 
 
-def random_chunks(seed: int, count: int) -> list[np.ndarray]:
-    """Seeded random LIBERO chunks: deltas in [-1, 1], gripper -1 or +1."""
-    rng = np.random.default_rng(seed)
-    chunks = []
-    for _ in range(count):
-        chunk = rng.uniform(-1.0, 1.0, size=(CHUNK, 7))
-        chunk[:, 6] = np.where(rng.random(CHUNK) < 0.5, -1.0, 1.0)
-        chunks.append(chunk)
-    return chunks
-
-
 def default_config(**overrides: Any) -> dict[str, Any]:
     """The workflow config with the schema's defaults filled in (as common.smk does)."""
     from snakemake.utils import validate
@@ -190,12 +179,13 @@ def section_a(args: argparse.Namespace) -> EnvResult:
         EnvSettings,
         EpisodeSpec,
         LiberoEpisodeEnv,
+        seeded_action_chunks,
     )
     from libero_eval.rollout.protocols import get_protocol
 
     suite, task_id = args.task
     spec = EpisodeSpec(suite, task_id, args.init_state)
-    chunks = random_chunks(args.seed, 1 + args.chunks)
+    chunks = seeded_action_chunks(args.seed, 1 + args.chunks)
     protocol = get_protocol("rlinf", max_steps_override=CHUNK * (len(chunks) + 1), seed=args.seed)
     print(f"(a) {suite} task {task_id} init {args.init_state} ...", file=sys.stderr)
 
@@ -1011,6 +1001,7 @@ def main(argv: list[str] | None = None) -> int:
     report["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     print(f"\nload average at end: {report['loadavg_end']}")
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2, default=str))
     return 0
 

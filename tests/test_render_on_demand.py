@@ -30,17 +30,6 @@ CASES = [
 ]
 
 
-def _chunks(seed: int, count: int) -> list[np.ndarray]:
-    """Seeded random LIBERO action chunks: deltas in [-1, 1], gripper -1 or +1."""
-    rng = np.random.default_rng(seed)
-    chunks = []
-    for _ in range(count):
-        chunk = rng.uniform(-1.0, 1.0, size=(CHUNK, 7))
-        chunk[:, 6] = np.where(rng.random(CHUNK) < 0.5, -1.0, 1.0)
-        chunks.append(chunk)
-    return chunks
-
-
 def _run_episodes(render_mode: str, suite: str, task_id: int, init_states: tuple[int, ...]):
     """Per episode: the queries' images and sim states, the kept video frames, the outcome."""
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -49,6 +38,7 @@ def _run_episodes(render_mode: str, suite: str, task_id: int, init_states: tuple
         EpisodeOutcome,
         EpisodeSpec,
         LiberoEpisodeEnv,
+        seeded_action_chunks,
     )
     from libero_eval.rollout.protocols import get_protocol
 
@@ -63,7 +53,9 @@ def _run_episodes(render_mode: str, suite: str, task_id: int, init_states: tuple
             observation = env.start_episode(EpisodeSpec(suite, task_id, init_state))
             queries.append((observation, env.sim_state()))
             result = None
-            for chunk in _chunks(seed=1000 * task_id + init_state, count=MAX_STEPS // CHUNK):
+            for chunk in seeded_action_chunks(
+                seed=1000 * task_id + init_state, count=MAX_STEPS // CHUNK
+            ):
                 result = env.step_chunk(chunk)
                 if isinstance(result, EpisodeOutcome):
                     break

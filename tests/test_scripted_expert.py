@@ -142,19 +142,11 @@ def test_expert_chunks_survive_the_cosmos3_action_encoding_round_trip():
 @pytest.fixture(scope="module")
 def spatial_task0_env():
     os.environ.setdefault("MUJOCO_GL", "egl")
-    from libero.libero import benchmark, get_libero_path
-    from libero.libero.envs.env_wrapper import ControlEnv
+    from libero_eval.rollout.env_worker import physics_only_env, task_bddl_and_language
 
-    suite = benchmark.get_benchmark_dict()["libero_spatial"]()
-    task = suite.get_task(0)
-    bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
-    env = ControlEnv(
-        bddl_file_name=bddl,
-        has_renderer=False,
-        has_offscreen_renderer=False,
-        use_camera_obs=False,
-    )
-    yield env, suite.get_task_init_states(0)[0], task.language
+    _bddl, language, init_states = task_bddl_and_language("libero_spatial", 0)
+    env = physics_only_env("libero_spatial", 0)
+    yield env, init_states[0], language
     env.close()
 
 

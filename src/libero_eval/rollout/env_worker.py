@@ -111,6 +111,34 @@ def task_bddl_and_language(suite: str, task_id: int) -> tuple[str, str, np.ndarr
     return bddl, task.language, task_suite.get_task_init_states(task_id)
 
 
+def physics_only_env(suite: str, task_id: int):
+    """A LIBERO env of the task without cameras or renderer (for planning from privileged
+    state: the scripted expert's benchmark and tests); reset and seed it as LiberoEpisodeEnv
+    does."""
+    _dedupe_sys_path()
+    from libero.libero.envs.env_wrapper import ControlEnv
+
+    bddl, _language, _init_states = task_bddl_and_language(suite, task_id)
+    return ControlEnv(
+        bddl_file_name=bddl,
+        has_renderer=False,
+        has_offscreen_renderer=False,
+        use_camera_obs=False,
+    )
+
+
+def seeded_action_chunks(seed: int, count: int, length: int = 16) -> list[np.ndarray]:
+    """A fixed replay of seeded random LIBERO chunks: deltas in [-1, 1], gripper -1 or +1
+    (benchmarks and tests that need the same actions everywhere)."""
+    rng = np.random.default_rng(seed)
+    chunks = []
+    for _ in range(count):
+        chunk = rng.uniform(-1.0, 1.0, size=(length, 7))
+        chunk[:, 6] = np.where(rng.random(length) < 0.5, -1.0, 1.0)
+        chunks.append(chunk)
+    return chunks
+
+
 class LiberoEpisodeEnv:
     """A LIBERO env that runs episodes under an episode protocol."""
 
