@@ -221,24 +221,34 @@ def throughput_runs(tmp_path):
         shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
 
 
+def throughput_overlay(path: Path, run_id: str, envs_per_shard: int) -> Path:
+    """6 episodes (2 tasks x 3 init states) of the scripted expert, cosmos protocol, 150 steps."""
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "run_id": run_id,
+                "plan": {"task_ids": [0, 1], "num_trials_per_task": 3},
+                "rollout": {
+                    "protocol": "cosmos",
+                    "max_steps": 150,
+                    "envs_per_shard": envs_per_shard,
+                },
+            }
+        )
+    )
+    return path
+
+
 def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuses_all(
     tmp_path, throughput_runs
 ):
     """The scripted expert on 6 episodes with 1 env per shard and with 3: the same outcomes,
     steps and seeds per episode. Then the first run again with 3 envs reuses every episode."""
+    defaults = REPO / "config" / "config.yaml"
     frames = []
     for run_id, envs in zip(throughput_runs, (1, 3), strict=True):
-        overlay = tmp_path / f"{run_id}.yaml"
-        overlay.write_text(
-            yaml.safe_dump(
-                {
-                    "run_id": run_id,
-                    "plan": {"task_ids": [0, 1], "num_trials_per_task": 3},
-                    "rollout": {"protocol": "cosmos", "max_steps": 150, "envs_per_shard": envs},
-                }
-            )
-        )
-        run = run_workflow(REPO / "config" / "config.yaml", str(overlay), cores=4)
+        overlay = throughput_overlay(tmp_path / f"{run_id}.yaml", run_id, envs)
+        run = run_workflow(defaults, str(overlay), cores=4)
         assert run.returncode == 0, run.stderr[-3000:]
         frames.append(
             pd.read_parquet(REPO / "results" / run_id / "summary" / "episodes.parquet")
@@ -252,17 +262,8 @@ def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuse
     assert frames[0]["episode_seed"].nunique() == 6
 
     # Run 1 again with 3 envs per shard: every finished episode is reused, none rerun.
-    again = tmp_path / "again.yaml"
-    again.write_text(
-        yaml.safe_dump(
-            {
-                "run_id": throughput_runs[0],
-                "plan": {"task_ids": [0, 1], "num_trials_per_task": 3},
-                "rollout": {"protocol": "cosmos", "max_steps": 150, "envs_per_shard": 3},
-            }
-        )
-    )
-    rerun = run_workflow(REPO / "config" / "config.yaml", str(again), cores=4)
+    again = throughput_overlay(tmp_path / "again.yaml", throughput_runs[0], 3)
+    rerun = run_workflow(defaults, str(again), cores=4)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     after = pd.read_parquet(
         REPO / "results" / throughput_runs[0] / "summary" / "episodes.parquet"
