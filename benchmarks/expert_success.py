@@ -23,12 +23,15 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_STATS = REPO_ROOT / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
-SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--suite", default="libero_spatial", choices=SUITES)
+    parser.add_argument(
+        "--suite",
+        default="libero_spatial",
+        help="a suite libero_eval.suites lists as runnable, e.g. libero_spatial_swap",
+    )
     parser.add_argument(
         "--tasks", default="all", help="task ids, e.g. '0,3,5' or '0-4' or 'all' (default)"
     )
@@ -68,6 +71,9 @@ def parse_task_ids(spec: str, n_tasks: int) -> list[int]:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
+    from libero_eval import suites as suite_catalog
+
+    suite_catalog.expand_suites([args.suite])  # a clear error for suites that cannot run
 
     from libero.libero import benchmark
 
@@ -119,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             error = ""
             while policy_steps < max_steps and not (success and protocol.stop_at_success):
                 state = json.loads(json.dumps(privileged_state(env, obs)))
-                item = PolicyItem(image=dummy_image, prompt=task.language, privileged_state=state)
+                prompt = suite_catalog.instruction(args.suite, task_id) or task.language
+                item = PolicyItem(image=dummy_image, prompt=prompt, privileged_state=state)
                 try:
                     chunk = policy.act([item], args.action_horizon)[0]
                 except (NotImplementedError, ValueError) as exc:

@@ -13,6 +13,7 @@ REPO = Path(__file__).resolve().parents[1]
 EPISODE_RECORD: dict[str, Any] = {
     "run_id": "test",
     "suite": "libero_spatial",
+    "base_suite": "libero_spatial",
     "task_id": 0,
     "task_language": "task 0",
     "init_state_id": 0,

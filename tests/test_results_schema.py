@@ -13,6 +13,7 @@ from libero_eval.store import RESULT_SCHEMA, read_results, write_results
 REQUIRED_COLUMNS = {
     "run_id": "string",
     "suite": "string",
+    "base_suite": "string",
     "task_id": "int32",
     "task_language": "string",
     "init_state_id": "int32",
@@ -56,6 +57,17 @@ def test_parquet_schema_has_every_required_column_and_type(tmp_path):
     for name, dtype in REQUIRED_COLUMNS.items():
         assert str(schema.field(name).type) == dtype, name
     assert schema.equals(RESULT_SCHEMA, check_metadata=False)
+
+
+def test_rows_keep_suite_and_base_suite_and_older_tables_gain_it(tmp_path):
+    path = tmp_path / "shard.parquet"
+    write_results([record(0, 0, True), record(0, 0, True, suite="libero_spatial_swap")], path)
+    frame = read_results([path])
+    assert list(frame["suite"]) == ["libero_spatial", "libero_spatial_swap"]
+    assert list(frame["base_suite"]) == ["libero_spatial", "libero_spatial"]
+    older = tmp_path / "older.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["base_suite"]), older)
+    assert list(read_results([older])["base_suite"]) == ["libero_spatial", "libero_spatial"]
 
 
 def test_null_first_success_step_round_trips(tmp_path):

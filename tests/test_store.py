@@ -32,6 +32,7 @@ def record(episode: Episode, **overrides) -> dict:
     row = make_record(
         run_id="store_test",
         suite=episode.suite,
+        base_suite=episode.suite,
         task_id=episode.task_id,
         task_language=f"task {episode.task_id}",
         init_state_id=episode.init_state_id,

@@ -23,11 +23,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from libero_eval.plan import Episode
+from libero_eval.suites import base_suite
 
 RESULT_SCHEMA = pa.schema(
     [
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("suite", pa.string(), nullable=False),
+        pa.field("base_suite", pa.string()),  # the clean LIBERO suite a perturbation varies
         pa.field("task_id", pa.int32(), nullable=False),
         pa.field("task_language", pa.string()),
         pa.field("init_state_id", pa.int32(), nullable=False),
@@ -112,6 +114,7 @@ class EpisodeStore:
                 f"[store] ignoring unreadable record {path} ({exc}); rerunning it", file=sys.stderr
             )
             return None
+        record = with_derived_columns(record)
         missing = set(RESULT_COLUMNS) - record.keys()
         if missing:
             print(f"[store] ignoring record {path} missing {sorted(missing)}", file=sys.stderr)
@@ -128,9 +131,17 @@ class EpisodeStore:
         return done
 
 
+def with_derived_columns(record: dict[str, Any]) -> dict[str, Any]:
+    """Fill columns newer than a stored record that follow from its other fields."""
+    if "base_suite" not in record and "suite" in record:
+        record = {**record, "base_suite": base_suite(record["suite"])}
+    return record
+
+
 def records_to_table(records: Sequence[dict[str, Any]]) -> pa.Table:
     return pa.Table.from_pylist(
-        [{c: r.get(c) for c in RESULT_COLUMNS} for r in records], RESULT_SCHEMA
+        [{c: with_derived_columns(r).get(c) for c in RESULT_COLUMNS} for r in records],
+        RESULT_SCHEMA,
     )
 
 
@@ -153,6 +164,11 @@ def read_results(paths: Iterable[Path | str]) -> pd.DataFrame:
                 "crash; delete it and rerun the workflow: the shard is rebuilt from the episode "
                 "store without rerunning finished episodes."
             ) from exc
+        if "base_suite" not in table.column_names and "suite" in table.column_names:
+            suites = table.column("suite").to_pylist()
+            table = table.append_column(
+                "base_suite", pa.array([base_suite(s) for s in suites], pa.string())
+            )
         missing = set(RESULT_COLUMNS) - set(table.column_names)
         if missing:
             raise ValueError(

@@ -29,6 +29,7 @@ import numpy as np
 
 from libero_eval.policy.adapters.base import Observation
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
+from libero_eval.suites import instruction
 
 CAMERAS = ("agentview", "robot0_eye_in_hand")
 SETTLE_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
@@ -101,14 +102,19 @@ def _dedupe_sys_path() -> None:
 
 
 def task_bddl_and_language(suite: str, task_id: int) -> tuple[str, str, np.ndarray]:
-    """The task's BDDL file, language and init states from LIBERO's benchmark table."""
+    """The task's BDDL file, language and init states from LIBERO's benchmark table.
+
+    A perturbation that rewrites the instruction (`_lan`, `_task`) has it only in its BDDL
+    file; LIBERO's task language is the clean one (`libero_eval.suites.instruction`).
+    """
     _dedupe_sys_path()
     from libero.libero import benchmark, get_libero_path
 
     task_suite = benchmark.get_benchmark_dict()[suite]()
     task = task_suite.get_task(task_id)
     bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
-    return bddl, task.language, task_suite.get_task_init_states(task_id)
+    language = instruction(suite, task_id) or task.language
+    return bddl, language, task_suite.get_task_init_states(task_id)
 
 
 def physics_only_env(suite: str, task_id: int):

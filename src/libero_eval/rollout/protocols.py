@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from libero_eval.suites import base_suite
+
 RESET_SEEDINGS = ("episode", "reference")
 
 # cosmos-framework closed_loop_eval.py TASK_MAX_STEPS == openpi examples/libero/main.py.
@@ -82,8 +84,9 @@ class EpisodeProtocol:
     replays_reference_stream: bool = False
 
     def max_steps_for(self, suite: str) -> int:
-        """The suite's step limit (settle steps included when settle_within_limit)."""
-        return self.max_steps.get(suite, self.default_max_steps)
+        """The step limit of `suite`'s base suite (settle steps included when
+        settle_within_limit): a perturbation runs as long as its clean suite."""
+        return self.max_steps.get(base_suite(suite) or suite, self.default_max_steps)
 
     def policy_steps_for(self, suite: str) -> int:
         """Policy steps an episode may take in `suite` (before whole-chunk rounding)."""

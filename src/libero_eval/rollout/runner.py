@@ -45,6 +45,7 @@ from libero_eval.policy.client import (
 from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeOutcome, EpisodeSpec
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.store import EpisodeStore, write_results
+from libero_eval.suites import base_suite
 
 
 class ShardFailed(RuntimeError):
@@ -104,6 +105,7 @@ def _record(
     return {
         "run_id": settings.run_id,
         "suite": episode.suite,
+        "base_suite": base_suite(episode.suite),
         "task_id": episode.task_id,
         "task_language": running.task_language if running else None,
         "init_state_id": episode.init_state_id,
