@@ -6,6 +6,7 @@ from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
 from libero_eval import settings as eval_settings
+from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
 
 validate(config, schema="../../config/schema.yaml")
@@ -46,10 +47,13 @@ def get_final_output():
 
 
 def get_report_outputs():
-    """Report material of this run: figures and tables, and the video page if videos are on."""
+    """Report material of this run: figures and tables, the video page if videos are on, and
+    the robustness report if the plan has LIBERO-PRO perturbation suites."""
     outputs = list(rules.report_figures.output)
     if config["rollout"]["videos"]["enabled"]:
         outputs += rules.report_videos.output
+    if any(is_perturbation(e.suite) for s in SHARDS.values() for e in s.episodes):
+        outputs += rules.report_robustness.output
     return outputs
 
 

@@ -1,6 +1,7 @@
 localrules:
     report_figures,
     report_videos,
+    report_robustness,
 
 
 rule report_figures:
@@ -86,3 +87,32 @@ rule report_videos:
         repo_dir=workflow.basedir,
     script:
         "../scripts/report_figures.py"
+
+
+rule report_robustness:
+    input:
+        episodes=rules.aggregate.output.episodes,
+    output:
+        figure=report(
+            f"results/{RUN}/report/robustness.png",
+            caption="../report/robustness.rst",
+            category="Robustness",
+        ),
+        html=report(
+            f"results/{RUN}/report/robustness.html",
+            caption="../report/robustness.rst",
+            category="Robustness",
+        ),
+        markdown=f"results/{RUN}/report/robustness.md",
+        csv=f"results/{RUN}/report/robustness.csv",
+    log:
+        f"logs/{RUN}/report_robustness.log",
+    conda:
+        "../envs/libero_eval.yaml"
+    params:
+        metric=config["compare"]["metric"],
+        resamples=config["compare"]["bootstrap_resamples"],
+        seed=config["compare"]["seed"],
+        confidence=config["report"]["confidence_level"],
+    script:
+        "../scripts/robustness.py"

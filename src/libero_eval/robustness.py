@@ -1,0 +1,427 @@
+"""Robustness: each LIBERO-PRO perturbation suite against its clean suite, in one run.
+
+A perturbation task pairs with a clean task when it is the same task (`libero_eval.suites.
+pairing`: matched by name or goal, not a `_task` rewrite, the same number of stored init
+states); then its episode with init state k pairs with the clean episode of that task with
+init state k, and the paired comparison of `libero_eval.compare` applies (difference,
+McNemar's exact test, paired bootstrap interval), per task and over the suite. LIBERO-PRO
+stores its own init states per suite, so a pair shares the task and the init-state index, not
+the exact object poses: pairing then gains power where outcomes correlate and, under equal
+rates, keeps McNemar's test valid where they do not. Where episodes do not pair (a different
+task, another number of init states, or the clean suite not in the run) the report says why
+and compares rates unpaired, each with its Wilson interval.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+from libero_eval import suites
+from libero_eval.aggregate import METRICS, wilson_interval
+from libero_eval.compare import compare_runs
+
+COLUMNS = [
+    "suite",
+    "base_suite",
+    "perturbation",
+    "level",
+    "task_id",
+    "task_language",
+    "paired",
+    "n_perturbed",
+    "n_clean",
+    "clean_rate",
+    "clean_ci_low",
+    "clean_ci_high",
+    "perturbed_rate",
+    "perturbed_ci_low",
+    "perturbed_ci_high",
+    "difference",
+    "difference_ci_low",
+    "difference_ci_high",
+    "gained",
+    "lost",
+    "mcnemar_p",
+    "note",
+]
+
+
+@dataclass(frozen=True)
+class Robustness:
+    """Rows per perturbation suite: `level` task (clean task ids when paired) and overall."""
+
+    metric: str
+    confidence: float
+    table: pd.DataFrame
+
+    @property
+    def overall(self) -> pd.DataFrame:
+        return self.table[self.table["level"] != "task"].reset_index(drop=True)
+
+
+def has_perturbations(suite_names) -> bool:
+    return any(suites.is_perturbation(s) for s in suite_names)
+
+
+def _rate(outcomes: pd.Series, confidence: float) -> tuple[int, float, float, float]:
+    n = len(outcomes)
+    k = int(outcomes.sum())
+    low, high = wilson_interval(k, n, confidence)
+    return n, (k / n if n else math.nan), low, high
+
+
+def _unpaired_row(
+    suite: str,
+    level: str,
+    task_id: int | None,
+    language: str | None,
+    perturbed: pd.Series,
+    clean: pd.Series,
+    note: str,
+    confidence: float,
+) -> dict:
+    n_p, rate_p, low_p, high_p = _rate(perturbed, confidence)
+    n_c, rate_c, low_c, high_c = _rate(clean, confidence)
+    return {
+        "suite": suite,
+        "level": level,
+        "task_id": task_id,
+        "task_language": language,
+        "paired": False,
+        "n_perturbed": n_p,
+        "n_clean": n_c,
+        "clean_rate": rate_c,
+        "clean_ci_low": low_c,
+        "clean_ci_high": high_c,
+        "perturbed_rate": rate_p,
+        "perturbed_ci_low": low_p,
+        "perturbed_ci_high": high_p,
+        "difference": rate_p - rate_c if n_p and n_c else math.nan,
+        "note": note,
+    }
+
+
+def robustness(
+    episodes: pd.DataFrame,
+    metric: str = "success_once",
+    confidence: float = 0.95,
+    n_resamples: int = 10_000,
+    seed: int = 0,
+) -> Robustness:
+    """Compare every perturbation suite in `episodes` (one run's rows) with its clean suite."""
+    if metric not in METRICS:
+        raise ValueError(f"metric {metric!r} is not one of {list(METRICS)}")
+    episodes = episodes.assign(
+        base_suite=[suites.base_suite(s) for s in episodes["suite"]],
+        **{metric: episodes[metric].astype(bool)},
+    )
+    rows: list[dict] = []
+    for suite in dict.fromkeys(episodes["suite"]):
+        if not suites.is_perturbation(suite):
+            continue
+        base = suites.base_suite(suite)
+        mine = episodes[episodes["suite"] == suite]
+        clean = episodes[episodes["suite"] == base]
+        pairing = {t: suites.pairing(suite, t) for t in sorted(set(mine["task_id"]))}
+        if clean.empty:
+            pairing = {t: (None, f"the clean suite {base} is not in this run") for t in pairing}
+        paired_tasks = {t: c for t, (c, _) in pairing.items() if c is not None}
+        suite_rows: list[dict] = []
+        if paired_tasks:
+            candidate = mine[mine["task_id"].isin(list(paired_tasks))]
+            candidate = candidate.assign(
+                suite=base, task_id=candidate["task_id"].map(paired_tasks).astype(int)
+            )
+            baseline = clean[clean["task_id"].isin(list(paired_tasks.values()))]
+            comparison = compare_runs(
+                baseline, candidate, base, suite, metric, confidence, n_resamples, seed
+            )
+            no_clean = comparison.unmatched[comparison.unmatched["only_in"] == suite]
+            for _, row in comparison.table.iterrows():
+                if row["level"] == "suite":
+                    continue
+                pairs = comparison.pairs
+                if row["level"] == "task":
+                    pairs = pairs[pairs["task_id"] == row["task_id"]]
+                _, _, clean_low, clean_high = _rate(pairs["baseline"], confidence)
+                _, _, low, high = _rate(pairs["candidate"], confidence)
+                missing = (
+                    no_clean
+                    if row["level"] != "task"
+                    else no_clean[no_clean["task_id"] == row["task_id"]]
+                )
+                suite_rows.append(
+                    {
+                        "suite": suite,
+                        "level": row["level"],
+                        "task_id": row["task_id"] if row["level"] == "task" else None,
+                        "task_language": row.get("task_language"),
+                        "paired": True,
+                        "n_perturbed": int(row["n_pairs"]),
+                        "n_clean": int(row["n_pairs"]),
+                        "clean_rate": row["baseline_rate"],
+                        "clean_ci_low": clean_low,
+                        "clean_ci_high": clean_high,
+                        "perturbed_rate": row["candidate_rate"],
+                        "perturbed_ci_low": low,
+                        "perturbed_ci_high": high,
+                        "difference": row["difference"],
+                        "difference_ci_low": row["difference_ci_low"],
+                        "difference_ci_high": row["difference_ci_high"],
+                        "gained": int(row["gained"]),
+                        "lost": int(row["lost"]),
+                        "mcnemar_p": row["mcnemar_p"],
+                        "note": (
+                            f"{len(missing)} episodes without a clean counterpart in this run "
+                            "left out"
+                            if len(missing)
+                            else ""
+                        ),
+                    }
+                )
+        unpaired = {t: why for t, (c, why) in pairing.items() if c is None}
+        for task_id, why in unpaired.items():
+            part = mine[mine["task_id"] == task_id]
+            clean_id = suites.clean_task_id(suite, task_id)
+            reference = clean[clean["task_id"] == clean_id] if clean_id is not None else clean
+            label = (
+                f"clean task {clean_id}"
+                if clean_id is not None and len(reference)
+                else f"all of {base}"
+            )
+            if clean_id is not None and reference.empty:
+                reference = clean
+            language = part["task_language"].dropna()
+            suite_rows.append(
+                _unpaired_row(
+                    suite,
+                    "task",
+                    int(task_id),
+                    language.iloc[0] if len(language) else None,
+                    part[metric],
+                    reference[metric],
+                    f"unpaired ({why}); compared with {label}",
+                    confidence,
+                )
+            )
+        if unpaired:
+            part = mine[mine["task_id"].isin(list(unpaired))]
+            suite_rows.append(
+                _unpaired_row(
+                    suite,
+                    "overall unpaired",
+                    None,
+                    None,
+                    part[metric],
+                    clean[metric],
+                    f"unpaired ({'; '.join(sorted(set(unpaired.values())))}): "
+                    f"{len(unpaired)} task{'s' if len(unpaired) > 1 else ''} against all of "
+                    f"{base} in this run",
+                    confidence,
+                )
+            )
+        for row in suite_rows:
+            row["base_suite"] = base
+            row["perturbation"] = suites.perturbation_kind(suite)
+        rows += suite_rows
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table["task_id"] = table["task_id"].astype("Int64")
+    return Robustness(metric=metric, confidence=confidence, table=table)
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def _pct(value: float, decimals: int = 1) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{100 * value:.{decimals}f}%"
+
+
+def _points(value: float, decimals: int = 1) -> str:
+    return "n/a" if value is None or math.isnan(value) else f"{100 * value:+.{decimals}f}"
+
+
+def _interval(low: float, high: float) -> str:
+    if low is None or math.isnan(low):
+        return ""
+    return f" [{100 * low:.0f}, {100 * high:.0f}]"
+
+
+def _display(result: Robustness) -> pd.DataFrame:
+    """The table as strings for Markdown and HTML."""
+    t = result.table
+    level = f"{round(result.confidence * 100)}%"
+    return pd.DataFrame(
+        {
+            "suite": t["suite"],
+            "perturbation": t["perturbation"],
+            "task": ["all" if pd.isna(task) else str(task) for task in t["task_id"]],
+            "paired": np.where(t["paired"], "paired", "unpaired"),
+            f"clean ({level} Wilson)": [
+                f"{_pct(r)}{_interval(lo, hi)} (n={n})"
+                for r, lo, hi, n in zip(
+                    t["clean_rate"],
+                    t["clean_ci_low"],
+                    t["clean_ci_high"],
+                    t["n_clean"],
+                    strict=True,
+                )
+            ],
+            f"perturbed ({level} Wilson)": [
+                f"{_pct(r)}{_interval(lo, hi)} (n={n})"
+                for r, lo, hi, n in zip(
+                    t["perturbed_rate"],
+                    t["perturbed_ci_low"],
+                    t["perturbed_ci_high"],
+                    t["n_perturbed"],
+                    strict=True,
+                )
+            ],
+            f"difference, points ({level} bootstrap CI if paired)": [
+                f"{_points(d)}{_interval(lo, hi) if paired else ''}"
+                for d, lo, hi, paired in zip(
+                    t["difference"],
+                    t["difference_ci_low"],
+                    t["difference_ci_high"],
+                    t["paired"],
+                    strict=True,
+                )
+            ],
+            "gained / lost": [
+                f"+{int(g)} / -{int(lo)}" if paired else ""
+                for g, lo, paired in zip(t["gained"], t["lost"], t["paired"], strict=True)
+            ],
+            "McNemar exact p": [
+                f"{p:.3g}" if paired else ""
+                for p, paired in zip(t["mcnemar_p"], t["paired"], strict=True)
+            ],
+            "note": t["note"].fillna(""),
+        }
+    )
+
+
+_INTRO = (
+    "Each perturbation suite against its clean suite in this run, metric `{metric}`. "
+    "Paired rows match episodes by (clean task, init-state id) and use the paired comparison "
+    "(difference = perturbed - clean, McNemar's exact test, paired bootstrap interval). "
+    "Unpaired rows say why the episodes do not correspond and compare the two rates, each "
+    "with its Wilson interval. Task ids of paired rows are the clean suite's."
+)
+
+
+def robustness_markdown(result: Robustness) -> str:
+    frame = _display(result)
+    parts = ["# Robustness: perturbation suites against their clean suites\n\n"]
+    parts.append(_INTRO.format(metric=result.metric) + "\n\n")
+    for title, chosen in (
+        ("Per suite", result.table["level"] != "task"),
+        ("Per task", result.table["level"] == "task"),
+    ):
+        parts.append(f"## {title}\n\n")
+        part = frame[chosen.to_numpy()]
+        if part.empty:
+            parts.append("None.\n\n")
+            continue
+        parts.append("| " + " | ".join(part.columns) + " |\n")
+        parts.append("|" + "---|" * len(part.columns) + "\n")
+        for _, row in part.iterrows():
+            parts.append("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |\n")
+        parts.append("\n")
+    return "".join(parts)
+
+
+def robustness_html(result: Robustness) -> str:
+    from libero_eval.report import html_page
+
+    frame = _display(result)
+    body = [f"<p>{_INTRO.format(metric=result.metric)}</p>"]
+    for title, chosen in (
+        ("Per suite", result.table["level"] != "task"),
+        ("Per task", result.table["level"] == "task"),
+    ):
+        part = frame[chosen.to_numpy()]
+        body.append(f"<h2>{title}</h2>")
+        body.append(
+            part.to_html(index=False, border=0, escape=True) if len(part) else "<p>None.</p>"
+        )
+    return html_page("Robustness: perturbation suites vs clean suites", "\n".join(body))
+
+
+def robustness_figure(result: Robustness) -> Figure:
+    """Perturbation x task heatmap of the success difference (points), overall in the last
+    column; unpaired cells (rate difference without pairing) carry a '*'."""
+    t = result.table
+    suite_names = list(dict.fromkeys(t["suite"]))
+    tasks = sorted({int(v) for v in t["task_id"].dropna()})
+    columns = [*map(str, tasks), "all"]
+    values = np.full((max(len(suite_names), 1), len(columns)), np.nan)
+    labels = np.full(values.shape, "", dtype=object)
+    for _, row in t.iterrows():
+        i = suite_names.index(row["suite"])
+        if row["level"] == "task":
+            j = tasks.index(int(row["task_id"]))
+        elif row["level"] == "overall" or not np.isfinite(values[i, -1]):
+            j = len(columns) - 1
+        else:
+            continue
+        values[i, j] = 100 * row["difference"]
+        if np.isfinite(values[i, j]):
+            labels[i, j] = f"{values[i, j]:+.0f}" + ("" if row["paired"] else "*")
+    figure = Figure(
+        figsize=(5.5 + 0.5 * len(columns), 1.8 + 0.5 * len(suite_names)), layout="constrained"
+    )
+    axes = figure.subplots()
+    if not suite_names:
+        axes.text(0.5, 0.5, "no perturbation suites in this run", ha="center", va="center")
+        axes.set_axis_off()
+        return figure
+    axes.set_facecolor("0.85")  # no episodes: grey, unlike a zero difference
+    image = axes.imshow(
+        np.ma.masked_invalid(values), cmap="RdBu", vmin=-100, vmax=100, aspect="auto"
+    )
+    for (i, j), text in np.ndenumerate(labels):
+        if text:
+            dark = abs(values[i, j]) > 60
+            axes.text(
+                j,
+                i,
+                text,
+                ha="center",
+                va="center",
+                fontsize=8,
+                color="white" if dark else "black",
+            )
+    axes.set_xticks(range(len(columns)), columns)
+    axes.set_yticks(
+        range(len(suite_names)),
+        [f"{s.removeprefix('libero_')}\n{suites.perturbation_kind(s)}" for s in suite_names],
+        fontsize=8,
+    )
+    axes.axvline(len(columns) - 1.5, color="black", linewidth=1)
+    axes.set_xlabel("task (clean task id; * = unpaired, the suite's own id)  |  all")
+    figure.colorbar(image, ax=axes, label="perturbed - clean success (points)", shrink=0.8)
+    figure.suptitle(f"Robustness: change in {result.metric.replace('_', ' ')} per task")
+    return figure
+
+
+def write_robustness(result: Robustness, outputs: dict[str, str | Path]) -> None:
+    """Write the outputs named in `outputs`: figure, html, markdown, csv."""
+    from libero_eval.report import save_figure
+
+    for key, path in outputs.items():
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if key == "figure":
+            save_figure(robustness_figure(result), path)
+        elif key == "html":
+            Path(path).write_text(robustness_html(result))
+        elif key == "markdown":
+            Path(path).write_text(robustness_markdown(result))
+        elif key == "csv":
+            result.table.to_csv(path, index=False)
+        else:
+            raise ValueError(f"unknown robustness output {key!r}; use figure, html, markdown, csv")
