@@ -115,3 +115,8 @@ def test_pairing_with_the_clean_suite():
     assert "different task" in suites.pairing("libero_spatial_task", 0)[1]
     assert "10 init states" in suites.pairing("libero_goal_with_milk", 0)[1]
     assert "no task of the clean suite" in suites.pairing("libero_spatial_with_milk", 0)[1]
+
+
+def test_docs_table_lists_every_registered_suite():
+    docs = (REPO / "docs" / "robustness.md").read_text()
+    assert suites.suites_markdown() in docs, "regenerate: python -m libero_eval.suites --markdown"
