@@ -104,6 +104,11 @@ def test_without_the_clean_suite_everything_is_unpaired_and_says_why():
     assert (
         result.table["note"].str.contains("the clean suite libero_spatial is not in this run").any()
     )
+    # Clean task 1 missing: the swap suite's task 1 cannot pair, its task 0 still does.
+    partial = run[~((run["suite"] == "libero_spatial") & (run["task_id"] == 1))]
+    swap = robustness(partial).table.query("suite == 'libero_spatial_swap' and level == 'task'")
+    assert swap["paired"].tolist() == [True, False]
+    assert "its clean task 1 is not in this run" in swap["note"].iloc[1]
 
 
 @pytest.mark.workflow

@@ -131,6 +131,13 @@ def robustness(
         pairing = {t: suites.pairing(suite, t) for t in sorted(set(mine["task_id"]))}
         if clean.empty:
             pairing = {t: (None, f"the clean suite {base} is not in this run") for t in pairing}
+        clean_tasks = set(clean["task_id"])
+        pairing = {
+            t: (c, why)
+            if c is None or c in clean_tasks
+            else (None, f"its clean task {c} is not in this run")
+            for t, (c, why) in pairing.items()
+        }
         paired_tasks = {t: c for t, (c, _) in pairing.items() if c is not None}
         suite_rows: list[dict] = []
         if paired_tasks:
