@@ -65,10 +65,6 @@ class Robustness:
         return self.table[self.table["level"] != "task"].reset_index(drop=True)
 
 
-def has_perturbations(suite_names) -> bool:
-    return any(suites.is_perturbation(s) for s in suite_names)
-
-
 def _rate(outcomes: pd.Series, confidence: float) -> tuple[int, float, float, float]:
     n = len(outcomes)
     k = int(outcomes.sum())
