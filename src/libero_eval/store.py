@@ -139,9 +139,9 @@ def with_derived_columns(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def records_to_table(records: Sequence[dict[str, Any]]) -> pa.Table:
+    rows = [with_derived_columns(r) for r in records]
     return pa.Table.from_pylist(
-        [{c: with_derived_columns(r).get(c) for c in RESULT_COLUMNS} for r in records],
-        RESULT_SCHEMA,
+        [{c: r.get(c) for c in RESULT_COLUMNS} for r in rows], RESULT_SCHEMA
     )
 
 
