@@ -33,7 +33,7 @@ CLEAN_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "
 # never the instruction text or the pixels).
 PERTURBATION_KINDS = {
     "swap": "object positions swapped",
-    "object": "objects replaced by look-alikes",
+    "object": "objects replaced (other model or colour)",
     "lan": "instruction paraphrased",
     "task": "different task in the same scene",
     "env": "different environment (table, scene)",
