@@ -13,7 +13,8 @@ import pytest
 import yaml
 from PIL import Image
 
-from libero_eval.robustness import robustness, robustness_markdown, write_robustness
+from libero_eval.report.robustness import write_robustness
+from libero_eval.robustness import robustness, robustness_markdown
 from libero_eval.store import RESULT_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]
