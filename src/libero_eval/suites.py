@@ -321,9 +321,19 @@ def write_catalog(path: Path = CATALOG_PATH) -> dict:
             rows.append(row)
         suites[name] = rows
     data = {"package": PACKAGE, "package_version": version(PACKAGE), "suites": suites}
-    path.write_text(json.dumps(data, indent=0, separators=(",", ":")) + "\n")
+    path.write_text(_catalog_text(data))
     catalog.cache_clear()
     return data
+
+
+def _catalog_text(data: dict) -> str:
+    """The catalog as JSON with one task per line (readable diffs when the package changes)."""
+    suites_text = ",\n".join(
+        f"{json.dumps(name)}: [\n" + ",\n".join(json.dumps(row) for row in rows) + "\n]"
+        for name, rows in data["suites"].items()
+    )
+    head = {k: v for k, v in data.items() if k != "suites"}
+    return json.dumps(head)[:-1] + ', "suites": {\n' + suites_text + "\n}}\n"
 
 
 def suites_markdown() -> str:
