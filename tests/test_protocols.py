@@ -249,3 +249,13 @@ def test_result_row_records_the_protocol_seed_and_the_episodes_reset_seed():
     row = _record(settings, Episode("libero_goal", 4, 9), None, None)
     assert row["seed"] == 7 and row["reset_seeding"] == "episode"
     assert row["episode_seed"] == episode_seed(7, "libero_goal", 4, 9)
+
+
+def test_a_perturbed_episode_takes_its_clean_pairs_seed_and_an_unpaired_one_its_own():
+    protocol = get_protocol("openpi")
+    clean = reset_seed_of(protocol, "episode", "libero_spatial", 3, 5)
+    assert reset_seed_of(protocol, "episode", "libero_spatial_swap", 3, 5) == clean
+    # a `_task` suite asks for another task in the same scene: not a pair, its own seed
+    assert reset_seed_of(protocol, "episode", "libero_spatial_task", 3, 5) == episode_seed(
+        7, "libero_spatial_task", 3, 5
+    )

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from libero_eval.suites import base_suite
+from libero_eval.suites import base_suite, catalog, pairing
 
 RESET_SEEDINGS = ("episode", "reference")
 
@@ -172,6 +172,16 @@ def episode_seed(seed: int, suite: str, task_id: int, init_state_id: int) -> int
     return int(np.random.SeedSequence(words).generate_state(1, dtype=np.uint32)[0])
 
 
+def _seeding_episode(suite: str, task_id: int) -> tuple[str, int]:
+    """The (suite, task) whose seed an episode takes: a perturbation task that pairs with a clean
+    task (libero_eval.suites.pairing) takes the clean task's, so both see the same reset stream."""
+    if suite in catalog()["suites"] and base_suite(suite) not in (None, suite):
+        clean_task_id, _why_not = pairing(suite, task_id)
+        if clean_task_id is not None:
+            return base_suite(suite), clean_task_id
+    return suite, task_id
+
+
 def reset_seed_of(
     protocol: EpisodeProtocol, reset_seeding: str, suite: str, task_id: int, init_state_id: int
 ) -> int:
@@ -181,7 +191,7 @@ def reset_seed_of(
     `init_state_id` earlier resets of the task first.
     """
     if reset_seeding == "episode":
-        return episode_seed(protocol.seed, suite, task_id, init_state_id)
+        return episode_seed(protocol.seed, *_seeding_episode(suite, task_id), init_state_id)
     if reset_seeding == "reference":
         return protocol.seed
     raise ValueError(
