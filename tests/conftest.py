@@ -7,6 +7,8 @@ import pytest
 import yaml
 from snakemake.utils import validate
 
+from sglang_side import SglangSide, start_or_skip
+
 REPO = Path(__file__).resolve().parents[1]
 
 # One finished episode's result row, as the episode store holds it (every RESULT_SCHEMA column).
@@ -54,3 +56,11 @@ def default_config(monkeypatch) -> dict:
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
     validate(config, str(REPO / "config" / "schema.yaml"))
     return config
+
+
+@pytest.fixture(scope="session")
+def sglang_side() -> SglangSide:
+    """SGLang 0.5.23's own code in its side environment (skips when it is not installed)."""
+    side = start_or_skip()
+    yield side
+    side.close()

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -106,69 +104,34 @@ def test_bad_fixture_requests_are_rejected_with_sglangs_status_and_body(url, pat
     assert response.json() == fixture["body"]
 
 
-# --- The same fixtures through SGLang itself, where it is installed -------------------------
+# --- The same fixtures through SGLang itself (its side environment, tests/sglang_side) -----
 
 
-@dataclasses.dataclass
-class CapturedSamplingParams:
-    """Stands in for Cosmos3SamplingParams: records what SGLang's parser would pass it."""
-
-    request_id: Any = None
-    prompt: Any = None
-    image_path: Any = None
-    video_path: Any = None
-    action_mode: Any = None
-    domain_id: Any = None
-    domain_name: Any = None
-    raw_action_dim: Any = None
-    action_fps: Any = None
-    action_view_point: Any = None
-    action_normalization: Any = None
-    action_stats_path: Any = None
-    num_frames: Any = None
-    fps: Any = None
-    height: Any = None
-    width: Any = None
-    num_inference_steps: Any = None
-    guidance_scale: Any = None
-    seed: Any = None
-
-    def _adjust(self, server_args: Any) -> None:
-        pass
-
-
-def sglang_parse(payload: dict[str, Any]) -> CapturedSamplingParams:
-    pytest.importorskip("sglang")
-    from sglang.multimodal_gen.runtime.entrypoints.action.cosmos3 import (
-        build_cosmos3_action_sampling_params,
-    )
-    from sglang.multimodal_gen.runtime.entrypoints.action.protocol import (
-        _action_request_to_observation,
-    )
-
-    server_args = SimpleNamespace(
-        batching_max_size=8, pipeline_config=SimpleNamespace(action_stats_path=None)
-    )
-    return build_cosmos3_action_sampling_params(
-        payload, _action_request_to_observation(payload), server_args, CapturedSamplingParams
+def sglang_parse(sglang_side, payload: dict[str, Any]) -> dict[str, Any]:
+    """SGLang's build_cosmos3_action_sampling_params on the request body, as it arrives."""
+    return sglang_side.call(
+        "cosmos3_parse", body=json.dumps(payload).encode(), content_type="application/json"
     )
 
 
 @pytest.mark.parametrize("name", REQUEST_FILES)
-def test_sglang_parses_the_fixture_requests(name):
+def test_sglang_parses_the_fixture_requests(sglang_side, name):
     request = load(name)
-    params = sglang_parse(request)
+    params = sglang_parse(sglang_side, request)
     batch = len(request["input"]["input_reference"])
-    assert params.request_id == request["request_id"]
-    assert (params.num_frames, params.domain_name, params.raw_action_dim) == (17, "libero", 10)
-    assert (params.seed, params.num_inference_steps, params.height, params.width) == (
-        1140,
-        30,
-        192,
-        320,
+    assert params["request_id"] == request["request_id"]
+    assert (params["num_frames"], params["domain_name"], params["raw_action_dim"]) == (
+        17,
+        "libero",
+        10,
     )
-    images = params.image_path if batch > 1 else [params.image_path]
-    assert [image.size for image in images] == [(4, 4)] * batch
+    assert (
+        params["seed"],
+        params["num_inference_steps"],
+        params["height"],
+        params["width"],
+    ) == (1140, 30, 192, 320)
+    assert params["image_sizes"] == [[4, 4]] * batch
 
 
 @pytest.mark.parametrize(
@@ -176,7 +139,7 @@ def test_sglang_parses_the_fixture_requests(name):
     [path for path in ERROR_FILES if "api.py" not in load(path)["source"]],
     ids=lambda path: path.stem,
 )
-def test_sglang_rejects_the_bad_fixture_requests_with_the_same_message(path):
+def test_sglang_rejects_the_bad_fixture_requests_with_the_same_message(sglang_side, path):
     fixture = load(path)
     with pytest.raises(ValueError, match=re.escape(fixture["body"]["detail"])):
-        sglang_parse(fixture["request"])
+        sglang_parse(sglang_side, fixture["request"])

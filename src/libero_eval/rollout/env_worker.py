@@ -32,6 +32,8 @@ from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.suites import instruction
 
 CAMERAS = ("agentview", "robot0_eye_in_hand")
+# what π0.5's 8-D state is built from (openpi examples/libero/main.py)
+PROPRIO_KEYS = ("robot0_eef_pos", "robot0_eef_quat", "robot0_gripper_qpos")
 SETTLE_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
 
 
@@ -245,6 +247,7 @@ class LiberoEpisodeEnv:
             wrist=np.ascontiguousarray(obs["robot0_eye_in_hand_image"]),
             task_language=self.task_language,
             privileged_state=privileged,
+            proprio={key: np.array(obs[key], dtype=np.float64) for key in PROPRIO_KEYS},
         )
 
     def start_episode(self, spec: EpisodeSpec) -> Observation:

@@ -42,6 +42,8 @@ from libero_eval.policy.client import (
     PolicyResponseError,
     PolicyServerUnavailable,
 )
+from libero_eval.policy.transport import make_client
+from libero_eval.policy.ws_client import WebsocketPolicyClient
 from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeOutcome, EpisodeSpec
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.store import EpisodeStore, write_results
@@ -208,23 +210,23 @@ class ShardRunner:
         self.adapter = adapter or make_adapter(settings.policy_family, settings.policy_settings)
         self.progress = progress
         self._local = threading.local()
-        self._clients: list[PolicyClient] = []
+        self._clients: list[PolicyClient | WebsocketPolicyClient] = []
         self._clients_lock = threading.Lock()
         self._done_queue: queue.Queue = queue.Queue()
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
 
     # -- policy calls (on HTTP threads) ----------------------------------------------------------
-    def _client(self) -> PolicyClient:
+    def _client(self) -> PolicyClient | WebsocketPolicyClient:
         client = getattr(self._local, "client", None)
         if client is None:
             c = self.settings.client
-            client = PolicyClient(
+            client = make_client(
                 self.url,
+                self.adapter,
                 timeout_s=c.timeout_s,
                 max_retries=c.max_retries,
                 retry_backoff_s=c.retry_backoff_s,
-                transport=getattr(self.adapter, "wire_format", "msgpack"),
             )
             self._local.client = client
             with self._clients_lock:
@@ -285,7 +287,10 @@ class ShardRunner:
         bad_in_a_row = 0  # consecutive unusable policy answers
         nan_chunk_for: set[int] = set()  # workers whose next chunk a fault turns into NaN
         faults = self.faults
-        pool = _HttpPool(max(4, s.max_inflight_requests), self._call_policy)
+        # enough threads for every env's request in flight when the server takes one
+        # observation per request (π0.5: throughput comes from requests in flight)
+        per_request = -(-len(workers) // max(1, self.max_batch_size))
+        pool = _HttpPool(max(4, s.max_inflight_requests, per_request), self._call_policy)
         fatal: BaseException | None = None
 
         def next_episode_for(worker: EnvWorker) -> Episode | None:
@@ -509,15 +514,18 @@ def run_shard(
     finished = store.finished(episodes)  # one pass over the records, not one per episode
     pending = [ep for ep in episodes if ep not in finished]
     max_batch = 1
+    adapter = make_adapter(settings.policy_family, settings.policy_settings)
     if pending:
-        probe = PolicyClient(
+        probe = make_client(
             server_url,
+            adapter,
             timeout_s=min(30.0, settings.client.timeout_s),
             max_retries=settings.client.max_retries,
             retry_backoff_s=settings.client.retry_backoff_s,
         )
         try:
             probe.wait_until_healthy(settings.health_timeout_s)
+            adapter.check_server_metadata(probe.metadata())
             max_batch = probe.max_batch_size()
         except PolicyClientError as exc:
             raise ShardFailed(
@@ -541,6 +549,7 @@ def run_shard(
         settings,
         store,
         server_url,
+        adapter=adapter,
         progress=on_progress,
         max_batch_size=max_batch,
         faults=active_faults(),

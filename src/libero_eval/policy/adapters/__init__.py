@@ -6,9 +6,11 @@ from typing import Any
 
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
 from libero_eval.policy.adapters.cosmos3 import Cosmos3Adapter
+from libero_eval.policy.adapters.pi05 import Pi05Adapter
 
 ADAPTERS: dict[str, type[PolicyAdapter]] = {
     Cosmos3Adapter.family: Cosmos3Adapter,
+    Pi05Adapter.family: Pi05Adapter,
 }
 
 
@@ -25,4 +27,11 @@ def make_adapter(family: str, settings: dict[str, Any]) -> PolicyAdapter:
     return adapter_class(settings)
 
 
-__all__ = ["ADAPTERS", "Cosmos3Adapter", "Observation", "PolicyAdapter", "make_adapter"]
+__all__ = [
+    "ADAPTERS",
+    "Cosmos3Adapter",
+    "Observation",
+    "Pi05Adapter",
+    "PolicyAdapter",
+    "make_adapter",
+]

@@ -18,6 +18,9 @@ class Observation:
     wrist: np.ndarray  # uint8 [H, W, 3], same orientation
     task_language: str
     privileged_state: dict[str, Any] | None = None  # only with rollout.send_privileged_state
+    # LIBERO's proprioception as the env reports it: robot0_eef_pos [3], robot0_eef_quat [4]
+    # (x, y, z, w), robot0_gripper_qpos [2]; what π0.5 builds its 8-D state from
+    proprio: dict[str, np.ndarray] | None = None
 
 
 class PolicyAdapter(ABC):
@@ -30,6 +33,23 @@ class PolicyAdapter(ABC):
     family: ClassVar[str]
     #: body encoding the client must use for this adapter's payloads: "msgpack" or "json"
     wire_format: str = "msgpack"
+    #: "http" (POST /v1/actions/generations) or "websocket" (one msgpack frame per request)
+    transport: str = "http"
+    #: websocket path on the server (transport "websocket" only)
+    websocket_path: str = ""
+    #: readiness path answered with HTTP 200 ("/health" for SGLang, "/healthz" for openpi)
+    health_path: str = "/health"
+
+    def check_server_metadata(self, metadata: dict[str, Any]) -> None:
+        """Raise ``PolicyResponseError`` when the server's metadata shows another family."""
+        served = metadata.get("policy_family") if isinstance(metadata, dict) else None
+        if served is not None and served != self.family:
+            from libero_eval.policy.client import PolicyResponseError
+
+            raise PolicyResponseError(
+                f"the policy server serves family {served!r} but policy.family is "
+                f"{self.family!r}; point the run at a {self.family} server or set policy.family"
+            )
 
     @abstractmethod
     def prompt_key(self, obs: Observation) -> str:

@@ -1,0 +1,241 @@
+"""Websocket policy client: openpi's protocol (msgpack with numpy arrays, one frame per request).
+
+The protocol of ``openpi_client.websocket_client_policy`` and openpi's
+``serving/websocket_policy_server.py``, which SGLang 0.5.23 also speaks at ``/openpi/policy``
+(``entrypoints/action/ws_utils.py``): on connect the server sends its metadata as one msgpack
+frame; then each request is one msgpack frame and its answer one msgpack frame. A failing
+server sends the traceback (openpi: a text frame; SGLang: ``{"error": traceback}``) and closes
+the connection with code 1011.
+
+The numpy encoding is SGLang's and openpi's (``libero_eval.policy.codec``), byte-identical.
+We use the ``websockets`` package directly rather than ``openpi-client``: openpi-client 0.1.2
+pins ``numpy<2`` while LIBERO's stack here needs numpy 2, and this client adds what the
+workflow needs (timeouts, reconnect-and-retry, readiness, errors that name the fix).
+
+One connection serves one request at a time: use one client per thread, as with
+:class:`~libero_eval.policy.client.PolicyClient`, whose interface this class shares.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import requests
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
+from websockets.sync.client import ClientConnection, connect
+
+from libero_eval.policy import codec
+from libero_eval.policy.client import (
+    PolicyRequestRejected,
+    PolicyResponseError,
+    PolicyServerUnavailable,
+    _is_loopback,
+)
+
+
+class WebsocketPolicyClient:
+    """Talks to one websocket policy server at ``base_url`` (``http://HOST:PORT``) + ``path``.
+
+    ``generate`` sends one request and returns the decoded answer. Connection failures,
+    timeouts and connections closed before an answer are retried ``max_retries`` times on a
+    fresh connection (linear backoff); an error frame from the server is not retried (the
+    server rejected this request) and raises :class:`PolicyRequestRejected`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        path: str = "",
+        timeout_s: float = 600,
+        max_retries: int = 5,
+        retry_backoff_s: float = 1.0,
+        health_path: str = "/health",
+        *,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
+            raise ValueError(
+                f"policy server URL {base_url!r} must look like http://HOST:PORT "
+                "(check the server slot's host and port)"
+            )
+        if not timeout_s > 0:
+            raise ValueError(f"policy client timeout_s must be > 0, got {timeout_s}")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"policy client max_retries must be an int >= 0, got {max_retries}")
+        http_scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
+        ws_scheme = "wss" if http_scheme == "https" else "ws"
+        self.base_url = urlunsplit((http_scheme, parts.netloc, "", "", "")).rstrip("/")
+        self.ws_url = urlunsplit((ws_scheme, parts.netloc, path or "/", "", ""))
+        self.health_path = health_path
+        self.timeout_s = float(timeout_s)
+        self.max_retries = max_retries
+        self.retry_backoff_s = float(retry_backoff_s)
+        self.server_metadata: dict[str, Any] | None = None
+        self.last_latency_s: float | None = None
+        self.last_attempts = 0
+        self._sleep = sleep
+        self._ws: ClientConnection | None = None
+        self._session = requests.Session()
+        self._proxies = {"http": None, "https": None} if _is_loopback(parts.hostname) else None
+        if self._proxies is not None:
+            self._session.trust_env = False
+
+    # ---------------------------------------------------------------- connection
+
+    def _connect(self) -> ClientConnection:
+        if self._ws is None:
+            ws = connect(
+                self.ws_url,
+                open_timeout=min(self.timeout_s, 30.0),
+                close_timeout=2,
+                compression=None,
+                max_size=None,
+                proxy=None,
+            )
+            try:
+                self.server_metadata = self._decode(ws.recv(timeout=self.timeout_s), "metadata")
+            except BaseException:
+                ws.close()
+                raise
+            self._ws = ws
+        return self._ws
+
+    def _drop(self) -> None:
+        if self._ws is not None:
+            try:
+                self._ws.close()
+            except Exception:  # noqa: BLE001 - the connection is already broken
+                pass
+            self._ws = None
+
+    def close(self) -> None:
+        self._drop()
+        self._session.close()
+
+    def __enter__(self) -> WebsocketPolicyClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _decode(self, frame: bytes | str, what: str) -> dict[str, Any]:
+        if isinstance(frame, str):  # openpi's server sends its traceback as a text frame
+            raise PolicyRequestRejected(
+                f"websocket policy server {self.ws_url} failed on the request (its {what} was "
+                f"an error): {frame[-2000:]}",
+                status=1011,
+                detail=frame,
+            )
+        try:
+            decoded = codec.unpack(frame)
+        except ValueError as exc:
+            raise PolicyResponseError(
+                f"websocket policy server {self.ws_url} sent an undecodable {what} frame "
+                f"({exc}); is it a policy server speaking openpi's msgpack protocol?"
+            ) from exc
+        if not isinstance(decoded, dict):
+            raise PolicyResponseError(
+                f"websocket policy server {self.ws_url} sent a {type(decoded).__name__} as "
+                f"its {what}, expected a map"
+            )
+        if what == "answer" and set(decoded) == {"error"}:
+            raise PolicyRequestRejected(
+                f"websocket policy server {self.ws_url} failed on the request: "
+                f"{str(decoded['error'])[-2000:]}",
+                status=1011,
+                detail=decoded["error"],
+            )
+        return decoded
+
+    # ---------------------------------------------------------------- readiness and metadata
+
+    def health(self) -> bool:
+        """True when ``GET <health_path>`` answers 200 (SGLang ``/health``, openpi ``/healthz``)."""
+        try:
+            response = self._session.get(
+                self.base_url + self.health_path,
+                timeout=min(self.timeout_s, 5.0),
+                proxies=self._proxies,
+            )
+        except requests.RequestException:
+            return False
+        return response.status_code == 200
+
+    def wait_until_healthy(
+        self, deadline_s: float, poll_s: float = 1.0, is_alive: Callable[[], bool] | None = None
+    ) -> None:
+        start = time.monotonic()
+        while not self.health():
+            if is_alive is not None and not is_alive():
+                raise PolicyServerUnavailable(
+                    f"policy server {self.base_url} exited before {self.health_path} answered "
+                    "200; read the server log"
+                )
+            elapsed = time.monotonic() - start
+            if elapsed >= deadline_s:
+                raise PolicyServerUnavailable(
+                    f"policy server {self.base_url}{self.health_path} did not answer 200 within "
+                    f"{deadline_s:g} s; check the server log, or raise server.health_timeout_s"
+                )
+            time.sleep(max(0.0, min(poll_s, deadline_s - elapsed)))
+
+    def metadata(self) -> dict[str, Any]:
+        """The metadata frame the server sends on connect."""
+        self._with_retries(self._connect)
+        assert self.server_metadata is not None
+        return self.server_metadata
+
+    def max_batch_size(self) -> int:
+        """Always 1: one observation per frame (openpi's protocol)."""
+        return 1
+
+    # ---------------------------------------------------------------- generation
+
+    def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Send ``payload`` as one msgpack frame and return the decoded answer."""
+        try:
+            frame = codec.pack(payload)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"policy request for {self.ws_url} cannot be encoded: {exc}") from exc
+
+        def exchange() -> dict[str, Any]:
+            ws = self._connect()
+            ws.send(frame)
+            return self._decode(ws.recv(timeout=self.timeout_s), "answer")
+
+        return self._with_retries(exchange)
+
+    def _with_retries(self, attempt_once: Callable[[], Any]) -> Any:
+        attempts = self.max_retries + 1
+        last_error = ""
+        for attempt in range(1, attempts + 1):
+            started = time.monotonic()
+            try:
+                result = attempt_once()
+            except PolicyRequestRejected:
+                self._drop()  # the server closes the connection after an error frame
+                raise
+            except TimeoutError:
+                last_error = f"no answer within {self.timeout_s:g} s"
+            except ConnectionClosed as exc:
+                close = f"code {exc.rcvd.code}: {exc.rcvd.reason}" if exc.rcvd else "no close frame"
+                last_error = f"connection closed before the answer ({close})"
+            except (OSError, InvalidHandshake, InvalidURI) as exc:
+                last_error = f"connection failed: {exc}"
+            else:
+                self.last_latency_s = time.monotonic() - started
+                self.last_attempts = attempt
+                return result
+            self._drop()
+            if attempt < attempts:
+                self._sleep(attempt * self.retry_backoff_s)
+        self.last_attempts = attempts
+        raise PolicyServerUnavailable(
+            f"websocket {self.ws_url} failed after {attempts} attempt(s) "
+            f"(max_retries={self.max_retries}); last error: {last_error}. Check that the policy "
+            "server is up (its log) and that policy.pi05.api matches it"
+        )
