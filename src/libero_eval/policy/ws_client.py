@@ -95,7 +95,7 @@ class WebsocketPolicyClient:
                 compression=None,
                 max_size=None,
                 proxy=None,
-            )
+            ).__enter__()  # a long-lived connection, closed by _drop()
             try:
                 self.server_metadata = self._decode(ws.recv(timeout=self.timeout_s), "metadata")
             except BaseException:
