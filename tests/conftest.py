@@ -5,9 +5,8 @@ from typing import Any
 
 import pytest
 import yaml
-from snakemake.utils import validate
-
 from sglang_side import SglangSide, start_or_skip
+from snakemake.utils import validate
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -150,3 +150,30 @@ def test_openpi_frames_both_ways_with_openpi_clients_msgpack(sglang_side):
     frame = sglang_side.call("openpi_pack_actions", actions=libero.tobytes(), shape=[10, 7])
     decoded = WebsocketPolicyClient("http://127.0.0.1:1")._decode(frame, "answer")
     np.testing.assert_array_equal(a.parse_response(decoded, 1)[0], libero[:5])
+
+
+def test_sglang_serve_command_for_pi05_passes_sglangs_own_parser(sglang_side):
+    from libero_eval.servers.launcher import ServerSettings, build_command
+
+    settings = ServerSettings.from_dict(
+        {
+            "backend": "sglang",
+            "slot": 0,
+            "port": 30001,
+            "sglang": {
+                "command": ["sglang"],
+                "model_path": "lerobot/pi05_libero_finetuned",
+                "batching_max_size": 16,
+                "pipeline_class_name": "Pi05Pipeline",
+            },
+        }
+    )
+    argv = build_command(settings)
+    assert argv[:2] == ["sglang", "serve"]
+    seen = sglang_side.call("serve_args", argv=argv[2:])
+    assert seen["diffusion_backend"]  # `sglang serve` picks the diffusion server, not the LLM one
+    assert seen["unknown"] == []
+    assert seen["pipeline_config"] == "Pi05PipelineConfig"
+    parsed = seen["parsed"]
+    assert (parsed["pipeline_class_name"], parsed["batching_max_size"]) == ("Pi05Pipeline", 16)
+    assert (parsed["host"], parsed["port"], parsed["num_gpus"]) == ("127.0.0.1", 30001, 1)

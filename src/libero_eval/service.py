@@ -115,7 +115,8 @@ def wait_for_service(
     poll_s: float = 1.0,
     log_path: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
-    """Wait until the service file says "ready" and its URL's /health answers 200.
+    """Wait until the service file says "ready" and its URL's readiness path (`health_path`
+    in the file, `/health` by default) answers 200.
 
     Returns the service file's content (keys slot, url, pid, pgid, backend, status, ...).
     Raises ServiceUnavailableError at once if the launcher reported "failed"/"stopped", and
@@ -140,15 +141,14 @@ def wait_for_service(
                     last_state = f"status is {status!r}"
                 else:
                     remaining = deadline - time.monotonic()
+                    health_url = url + str(info.get("health_path") or "/health")
                     try:
-                        response = session.get(
-                            f"{url}/health", timeout=max(0.5, min(5.0, remaining))
-                        )
+                        response = session.get(health_url, timeout=max(0.5, min(5.0, remaining)))
                         if response.status_code == 200:
                             return info
-                        last_state = f"{url}/health answered HTTP {response.status_code}"
+                        last_state = f"{health_url} answered HTTP {response.status_code}"
                     except requests.RequestException as exc:
-                        last_state = f"{url}/health failed: {type(exc).__name__}"
+                        last_state = f"{health_url} failed: {type(exc).__name__}"
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise ServiceWaitTimeout(

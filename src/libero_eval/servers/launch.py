@@ -154,6 +154,7 @@ class _Slot:
             "slot": settings.slot,
             "url": settings.url,
             "backend": settings.backend,
+            "health_path": settings.health_path,
             "pid": None,
             "pgid": None,
             "launcher_pid": os.getpid(),

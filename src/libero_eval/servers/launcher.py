@@ -1,6 +1,7 @@
 """Start a policy server as its own process group, wait for `/health`, tear it all down.
 
-`ManagedServer` runs either the built-in reference server or `sglang serve` in a new session
+`ManagedServer` runs the built-in reference server, `sglang serve` or openpi's policy server
+(`scripts/serve_policy.py`, a configurable command) in a new session
 (its own process group), waits for `GET /health` to answer 200 (failing fast if the process
 exits first) and on `stop()` terminates the whole group plus any descendant that left it.
 The launcher follows its parent (Snakemake) into death with `libero_eval.service.ParentWatch`;
@@ -38,7 +39,7 @@ import requests
 
 from libero_eval.service import PR_SET_PDEATHSIG
 
-BACKENDS = ("reference", "sglang")
+BACKENDS = ("reference", "sglang", "openpi")
 LOG_TAIL_LINES = 40
 LOOPBACK_NO_PROXY = ("127.0.0.1", "localhost")
 DEFAULT_PIPELINE_CLASS = "Cosmos3OmniDiffusersPipeline"
@@ -224,6 +225,53 @@ class SglangServerSettings:
 
 
 @dataclass(frozen=True)
+class OpenpiServerSettings:
+    """How to run openpi's websocket policy server (openpi's own environment and checkout).
+
+    `command` is the full command line, e.g. `["uv", "run", "scripts/serve_policy.py", "--env",
+    "LIBERO"]` run in the openpi checkout `cwd`. The launcher passes the port: every `{port}`
+    in the command is replaced by it, or, when none is there, `--port <port>` is appended
+    (put it before a tyro subcommand such as `policy:checkpoint` with `{port}`). openpi's
+    server always listens on 0.0.0.0 and answers `GET /healthz` once the policy is loaded.
+    """
+
+    command: list[str]
+    cwd: str | None = None
+    health_path: str = "/healthz"
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "server.openpi") -> OpenpiServerSettings:
+        if not isinstance(data, Mapping):
+            raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
+        _check_keys(data, [f.name for f in fields(cls)], where)
+        _require(data, "command", where)
+        command = _get_str_list(data, "command", where, [])
+        if not command or not command[0]:
+            raise ServerSettingsError(
+                f"{where}.command: must be openpi's server command line, e.g. "
+                '["uv", "run", "scripts/serve_policy.py", "--env", "LIBERO"]'
+            )
+        fixed_port = [
+            arg
+            for i, arg in enumerate(command)
+            if (arg == "--port" and command[i + 1 : i + 2] != ["{port}"])
+            or (arg.startswith("--port=") and "{port}" not in arg)
+        ]
+        if fixed_port:
+            raise ServerSettingsError(
+                f"{where}.command: do not pass --port yourself; the launcher picks the port "
+                "(write {port} where it belongs, e.g. [..., '--port', '{port}', "
+                "'policy:checkpoint', ...])"
+            )
+        health_path = _get_str(data, "health_path", where, "/healthz")
+        if not health_path.startswith("/"):
+            raise ServerSettingsError(
+                f"{where}.health_path: must start with '/', got {health_path!r}"
+            )
+        return cls(command=command, cwd=_get_str(data, "cwd", where, None), health_path=health_path)
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     """One server slot: which backend, where it listens, how long to wait, how to pin GPUs.
 
@@ -242,6 +290,7 @@ class ServerSettings:
     extra_env: dict[str, str] = field(default_factory=dict)
     reference: ReferenceServerSettings | None = None
     sglang: SglangServerSettings | None = None
+    openpi: OpenpiServerSettings | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "server") -> ServerSettings:
@@ -276,10 +325,13 @@ class ServerSettings:
                 f"{where}.extra_env: expected a mapping of variable name to string, "
                 f"got {extra_env!r}"
             )
-        reference = sglang = None
+        reference = sglang = openpi = None
         if backend == "reference":
             _require(data, "reference", where)
             reference = ReferenceServerSettings.from_dict(data["reference"], f"{where}.reference")
+        elif backend == "openpi":
+            _require(data, "openpi", where)
+            openpi = OpenpiServerSettings.from_dict(data["openpi"], f"{where}.openpi")
         else:
             _require(data, "sglang", where)
             sglang = SglangServerSettings.from_dict(data["sglang"], f"{where}.sglang")
@@ -304,7 +356,13 @@ class ServerSettings:
             extra_env={k: str(v) for k, v in extra_env.items()},
             reference=reference,
             sglang=sglang,
+            openpi=openpi,
         )
+
+    @property
+    def health_path(self) -> str:
+        """Readiness path: openpi's `/healthz`, SGLang's and the reference server's `/health`."""
+        return self.openpi.health_path if self.openpi is not None else "/health"
 
     @property
     def url(self) -> str:
@@ -344,6 +402,12 @@ def build_command(settings: ServerSettings) -> list[str]:
             if value is not None:
                 cmd += [flag, str(value)]
         return cmd
+    if settings.backend == "openpi":
+        openpi = settings.openpi
+        assert openpi is not None
+        if any("{port}" in arg for arg in openpi.command):
+            return [arg.replace("{port}", port) for arg in openpi.command]
+        return [*openpi.command, "--port", port]
     sgl = settings.sglang
     assert sgl is not None
     cmd = [*sgl.command, "serve", "--model-path", sgl.model_path]
@@ -562,9 +626,12 @@ class ManagedServer:
                 env=build_env(self.settings),
                 start_new_session=True,
                 preexec_fn=_child_parent_death_hook() if self.die_with_launcher else None,
+                cwd=self.settings.openpi.cwd if self.settings.openpi is not None else None,
             )
         except OSError as exc:
-            where = "server.sglang.command" if self.settings.backend == "sglang" else "server"
+            where = {"sglang": "server.sglang.command", "openpi": "server.openpi.command"}.get(
+                self.settings.backend, "server"
+            )
             raise ServerStartError(
                 f"{where}: cannot run {shlex.join(self.command)}: {exc}. Check that the "
                 "executable exists (absolute path or on PATH) and is executable"
@@ -584,7 +651,7 @@ class ManagedServer:
         return ServerStartError(self.failure_report(message))
 
     def wait_healthy(self, stop_event: StopSignal | None = None) -> float:
-        """Poll GET <url>/health until 200; return seconds since launch.
+        """Poll GET <url><health_path> until 200; return seconds since launch.
 
         Raises ServerStartError (with the log tail) when the process exits first or the
         deadline `health_timeout_s` (counted from launch) passes; LaunchAborted when
@@ -592,7 +659,7 @@ class ManagedServer:
         """
         if self._proc is None:
             raise RuntimeError("ManagedServer.wait_healthy() called before start()")
-        health_url = f"{self.url}/health"
+        health_url = f"{self.url}{self.settings.health_path}"
         deadline = self._started_monotonic + self.settings.health_timeout_s
         last_seen = "no answer yet"
         with requests.Session() as session:
