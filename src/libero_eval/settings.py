@@ -21,8 +21,171 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the field and the fix."""
 
 
+# Policy fields of one family only; the schema gives every field a default, so the check that a
+# config sets no field of the other family runs on the config as written (check_family_fields).
+COSMOS3_POLICY_FIELDS = (
+    "action_mode",
+    "raw_action_dim",
+    "action_dim",
+    "num_action_chunks",
+    "num_frames",
+    "fps",
+    "action_fps",
+    "action_view_point",
+    "num_inference_steps",
+    "size",
+    "seed",
+    "guidance_scale",
+    "domain_name",
+    "action_stats_path",
+    "normalization",
+    "gripper_mapping",
+    "orthonormalization",
+    "transport",
+    "response_format",
+)
+FAMILY_SECTIONS = {"pi05": "pi05"}  # family -> its own policy subsection
+PI05_PIPELINE_CLASS = "Pi05Pipeline"
+
+
+def check_family_fields(config: dict[str, Any]) -> None:
+    """Reject settings of the other model family; call BEFORE schema validation fills defaults.
+
+    A π0.5 config carries its settings under ``policy.pi05``; a Cosmos3 config carries them
+    directly under ``policy``.
+    """
+    policy = config.get("policy") or {}
+    if not isinstance(policy, dict):
+        return  # the schema reports it
+    family = policy.get("family", "cosmos3")
+    if family == "pi05":
+        foreign = [key for key in COSMOS3_POLICY_FIELDS if key in policy]
+        if foreign:
+            raise ConfigError(
+                f"{', '.join('policy.' + key for key in foreign)}: Cosmos3 setting(s), but "
+                "policy.family is pi05. Remove them; π0.5 settings go under policy.pi05 (see "
+                "config/libero_pi05_sglang.yaml). Are two configs of different families "
+                "stacked with --configfile?"
+            )
+    else:
+        foreign = [section for fam, section in FAMILY_SECTIONS.items() if section in policy]
+        if foreign:
+            raise ConfigError(
+                f"policy.{foreign[0]}: π0.5 settings, but policy.family is {family}. Set "
+                "policy.family: pi05 (and drop the Cosmos3 policy fields), or remove "
+                f"policy.{foreign[0]}"
+            )
+
+
 def check_config(config: dict[str, Any]) -> None:
     """Cross-field and filesystem checks (after JSON-schema validation with defaults)."""
+    policy, rollout, server = config["policy"], config["rollout"], config["server"]
+    if server["backend"] == "openpi" and policy["family"] != "pi05":
+        raise ConfigError(
+            f"server.backend openpi serves π0.5 (openpi's serve_policy.py); policy.family is "
+            f"{policy['family']}: set policy.family: pi05"
+        )
+    if policy["family"] == "pi05":
+        _check_pi05(config)
+    else:
+        _check_cosmos3(config)
+    num_shards = server["num_slots"] * rollout["shards_per_slot"]
+    total_envs = rollout["total_num_envs"]
+    if total_envs is not None and total_envs % num_shards:
+        raise ConfigError(
+            f"rollout.total_num_envs ({total_envs}) must split evenly over the "
+            f"{num_shards} shards (server.num_slots x rollout.shards_per_slot)"
+        )
+    gpu_ids = server["gpu_ids"]
+    needed = server["num_slots"] * _gpus_per_slot(config)
+    if gpu_ids is not None and len(gpu_ids) < needed:
+        raise ConfigError(
+            f"server.gpu_ids lists {len(gpu_ids)} devices but {server['num_slots']} slots x "
+            f"{_gpus_per_slot(config)} GPUs each need {needed}: list them all, or use null"
+        )
+    if server["backend"] != "reference" and rollout["send_privileged_state"]:
+        raise ConfigError(
+            "rollout.send_privileged_state is only for the reference server's scripted "
+            f"expert; set it to false with server.backend {server['backend']}"
+        )
+    scripted = server["backend"] == "reference" and server["reference"]["policy"] == "scripted"
+    if scripted and not rollout["send_privileged_state"]:
+        raise ConfigError(
+            "server.reference.policy scripted plans from privileged state: set "
+            "rollout.send_privileged_state: true (or use policy hold)"
+        )
+
+
+def _check_pi05(config: dict[str, Any]) -> None:
+    """π0.5: the adapter's own checks (statistics, settings), and a server that speaks it."""
+    from libero_eval.policy.adapters.pi05 import Pi05Adapter
+
+    policy, server = config["policy"], config["server"]
+    try:
+        adapter = Pi05Adapter(policy)
+    except (OSError, ValueError) as exc:
+        message = str(exc)
+        where = "" if message.startswith("policy.") else "policy.pi05: "
+        raise ConfigError(where + message) from None
+    backend = server["backend"]
+    if backend == "openpi":
+        if adapter.api != "openpi_websocket":
+            raise ConfigError(
+                f"server.backend openpi speaks openpi's websocket protocol; policy.pi05.api is "
+                f"{adapter.api}: set it to openpi_websocket"
+            )
+        if not server["openpi"]["command"]:
+            raise ConfigError(
+                "server.openpi.command is not set: give openpi's server command line, e.g. "
+                '["uv", "run", "scripts/serve_policy.py", "--env", "LIBERO"], and '
+                "server.openpi.cwd (the openpi checkout)"
+            )
+    elif backend == "sglang":
+        if adapter.api == "openpi_websocket":
+            raise ConfigError(
+                "policy.pi05.api openpi_websocket talks to openpi's own server; with "
+                "server.backend sglang use sglang_http or sglang_websocket (SGLang's "
+                "/openpi/policy)"
+            )
+        sglang = server["sglang"]
+        if sglang["pipeline_class_name"] != PI05_PIPELINE_CLASS:
+            raise ConfigError(
+                f"server.sglang.pipeline_class_name is {sglang['pipeline_class_name']!r}; "
+                f"π0.5 is served by SGLang's {PI05_PIPELINE_CLASS}: set it"
+            )
+        model_path = sglang["model_path"]
+        if not model_path:
+            raise ConfigError(
+                "server.sglang.model_path is not set: point it at the π0.5 checkpoint "
+                "(a LeRobot π0.5 directory with config.json, or its Hugging Face id)"
+            )
+        local = Path(model_path)
+        if local.is_dir() and not (local / "config.json").is_file():
+            raise ConfigError(
+                f"server.sglang.model_path: {model_path} has no config.json; it must be a "
+                "LeRobot π0.5 checkpoint directory (config.json, model.safetensors)"
+            )
+        if not local.exists() and (model_path.startswith((".", "/")) or model_path.count("/") != 1):
+            raise ConfigError(
+                f"server.sglang.model_path: {model_path} does not exist (relative paths start "
+                f"at {Path.cwd()}) and is no Hugging Face id (org/name)"
+            )
+    elif adapter.api == "openpi_websocket":
+        raise ConfigError(
+            "policy.pi05.api openpi_websocket needs openpi's transforms on the server; the "
+            "reference server takes sglang_http or sglang_websocket (the client-side "
+            "transforms are what its self-test proves)"
+        )
+    else:
+        stats = Path(server["reference"]["norm_stats_path"])
+        if not stats.exists():
+            raise ConfigError(
+                f"server.reference.norm_stats_path: {stats} does not exist; point it at the "
+                "model's own π0.5 statistics, e.g. config/stats/pi05_libero_norm_stats.json"
+            )
+
+
+def _check_cosmos3(config: dict[str, Any]) -> None:
     from libero_eval.policy.actions import load_action_stats, stats_block_for
 
     policy, rollout, server = config["policy"], config["rollout"], config["server"]
@@ -75,20 +238,6 @@ def check_config(config: dict[str, Any]) -> None:
                 "it at the model's action-stats JSON, e.g. "
                 "config/stats/libero_native_frame_wise_relative_rot6d.json"
             )
-    num_shards = server["num_slots"] * rollout["shards_per_slot"]
-    total_envs = rollout["total_num_envs"]
-    if total_envs is not None and total_envs % num_shards:
-        raise ConfigError(
-            f"rollout.total_num_envs ({total_envs}) must split evenly over the "
-            f"{num_shards} shards (server.num_slots x rollout.shards_per_slot)"
-        )
-    gpu_ids = server["gpu_ids"]
-    needed = server["num_slots"] * _gpus_per_slot(config)
-    if gpu_ids is not None and len(gpu_ids) < needed:
-        raise ConfigError(
-            f"server.gpu_ids lists {len(gpu_ids)} devices but {server['num_slots']} slots x "
-            f"{_gpus_per_slot(config)} GPUs each need {needed}: list them all, or use null"
-        )
     if server["backend"] == "sglang":
         model_path = server["sglang"]["model_path"]
         if not model_path:
@@ -101,16 +250,6 @@ def check_config(config: dict[str, Any]) -> None:
                 f"server.sglang.model_path: {model_path} has no model_index.json; it must be the "
                 "converted Cosmos3 diffusers directory (model_index.json, text_tokenizer/, ...)"
             )
-        if rollout["send_privileged_state"]:
-            raise ConfigError(
-                "rollout.send_privileged_state is only for the reference server's scripted "
-                "expert; set it to false with server.backend sglang"
-            )
-    elif server["reference"]["policy"] == "scripted" and not rollout["send_privileged_state"]:
-        raise ConfigError(
-            "server.reference.policy scripted plans from privileged state: set "
-            "rollout.send_privileged_state: true (or use policy hold)"
-        )
 
 
 def episode_protocol(config: dict[str, Any]) -> EpisodeProtocol:
@@ -166,6 +305,13 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
     server = config["server"]
     if server["backend"] == "reference":
         reference = server["reference"]
+        if config["policy"]["family"] == "pi05":
+            return {
+                "backend": "reference",
+                "family": "pi05",
+                "policy": reference["policy"],
+                "stats": _sha256(reference["norm_stats_path"]),
+            }
         stats = Path(reference["action_stats_path"])
         return {
             "backend": "reference",
@@ -173,10 +319,14 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
             "normalization": reference["normalization"],
             "stats": hashlib.sha256(stats.read_bytes()).hexdigest() if stats.is_file() else None,
         }
+    if server["backend"] == "openpi":
+        openpi = server["openpi"]
+        return {"backend": "openpi", "command": openpi["command"], "cwd": openpi["cwd"]}
     sglang = server["sglang"]
+    model_path = sglang["model_path"]
     return {
         "backend": "sglang",
-        "model_path": str(Path(sglang["model_path"]).resolve()),
+        "model_path": str(Path(model_path).resolve()) if Path(model_path).exists() else model_path,
         "pipeline_class_name": sglang["pipeline_class_name"],
     }
 
@@ -196,14 +346,23 @@ def rollout_fingerprint(config: dict[str, Any]) -> str:
         "videos",
     ):
         rollout.pop(knob, None)
-    policy = {
-        k: v
-        for k, v in config["policy"].items()
-        if not k.startswith("http_") and k not in ("transport", "response_format")
-    }
-    stats = Path(policy["action_stats_path"])
-    if stats.is_file():
-        policy["action_stats_path"] = hashlib.sha256(stats.read_bytes()).hexdigest()
+    if config["policy"]["family"] == "pi05":
+        pi05 = {
+            k: v
+            for k, v in config["policy"]["pi05"].items()
+            if k not in ("wire_format", "response_format")  # transport only
+        }
+        pi05["norm_stats_path"] = _sha256(pi05["norm_stats_path"])
+        policy: dict[str, Any] = {"family": "pi05", "pi05": pi05}
+    else:  # the Cosmos3 fingerprint as before π0.5 existed: earlier results stay valid
+        policy = {
+            k: v
+            for k, v in config["policy"].items()
+            if not k.startswith("http_") and k not in ("transport", "response_format", "pi05")
+        }
+        stats = Path(policy["action_stats_path"])
+        if stats.is_file():
+            policy["action_stats_path"] = hashlib.sha256(stats.read_bytes()).hexdigest()
     return fingerprint(
         {
             "seed": episode_protocol(config).seed,
@@ -212,6 +371,14 @@ def rollout_fingerprint(config: dict[str, Any]) -> str:
             "server": server_policy_settings(config),
         }
     )
+
+
+def _sha256(path: str | Path) -> str | None:
+    """Content hash of a statistics file (or of the norm_stats.json in a directory)."""
+    path = Path(path)
+    if path.is_dir() and (path / "norm_stats.json").is_file():
+        path = path / "norm_stats.json"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
 def _gpus_per_slot(config: dict[str, Any]) -> int:
@@ -226,7 +393,7 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
     devices = None
     if server["gpu_ids"] is not None:
         devices = server["gpu_ids"][slot * per_slot : (slot + 1) * per_slot]
-    elif server["backend"] == "sglang" and "SLURM_JOB_ID" not in os.environ:
+    elif server["backend"] in ("sglang", "openpi") and "SLURM_JOB_ID" not in os.environ:
         # Locally nothing assigns GPUs: slot k takes devices k*n .. k*n+n-1.
         devices = list(range(slot * per_slot, (slot + 1) * per_slot))
     gpu_id = devices[0] if devices is not None and len(devices) == 1 else devices
@@ -250,4 +417,5 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
             "model_name": f"reference-{reference['policy']}",
         },
         "sglang": dict(server["sglang"]),
+        "openpi": dict(server["openpi"]),
     }

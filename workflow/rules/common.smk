@@ -9,6 +9,10 @@ from libero_eval import settings as eval_settings
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
 
+try:
+    eval_settings.check_family_fields(config)  # before validate() fills in defaults
+except eval_settings.ConfigError as error:
+    raise WorkflowError(f"Invalid config: {error}")
 validate(config, schema="../../config/schema.yaml")
 try:
     eval_settings.check_config(config)
@@ -147,7 +151,7 @@ def slurm_placement(server=False):
         )
         if slurm[field]
     }
-    if server and slurm["gpu_model"] and config["server"]["backend"] == "sglang":
+    if server and slurm["gpu_model"] and config["server"]["backend"] in ("sglang", "openpi"):
         placement["gpu_model"] = slurm["gpu_model"]
     return placement
 
