@@ -195,7 +195,7 @@ def test_unpadded_state_and_json_wire_are_settings():
 def test_websocket_requests_are_sglang_flat_maps_or_openpis_raw_observation():
     obs = observation()
     sglang = adapter(api="sglang_websocket")
-    assert (sglang.transport, sglang.websocket_path, sglang.health_path) == (
+    assert (sglang.connection, sglang.websocket_path, sglang.health_path) == (
         "websocket",
         "/openpi/policy",
         "/health",

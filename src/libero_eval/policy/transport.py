@@ -14,8 +14,8 @@ def make_client(
     max_retries: int = 5,
     retry_backoff_s: float = 1.0,
 ) -> PolicyClient | WebsocketPolicyClient:
-    """A client for ``url`` speaking ``adapter``'s transport and wire format."""
-    if adapter.transport == "websocket":
+    """A client for ``url`` speaking ``adapter``'s connection and wire format."""
+    if adapter.connection == "websocket":
         return WebsocketPolicyClient(
             url,
             adapter.websocket_path,
@@ -24,8 +24,8 @@ def make_client(
             retry_backoff_s=retry_backoff_s,
             health_path=adapter.health_path,
         )
-    if adapter.transport != "http":
-        raise ValueError(f"adapter transport {adapter.transport!r} is not 'http' or 'websocket'")
+    if adapter.connection != "http":
+        raise ValueError(f"adapter connection {adapter.connection!r} is not 'http' or 'websocket'")
     return PolicyClient(
         url,
         timeout_s=timeout_s,

@@ -34,8 +34,8 @@ class PolicyAdapter(ABC):
     #: body encoding the client must use for this adapter's payloads: "msgpack" or "json"
     wire_format: str = "msgpack"
     #: "http" (POST /v1/actions/generations) or "websocket" (one msgpack frame per request)
-    transport: str = "http"
-    #: websocket path on the server (transport "websocket" only)
+    connection: str = "http"
+    #: websocket path on the server (connection "websocket" only)
     websocket_path: str = ""
     #: readiness path answered with HTTP 200 ("/health" for SGLang, "/healthz" for openpi)
     health_path: str = "/health"

@@ -122,10 +122,10 @@ class Pi05Adapter(PolicyAdapter):
         self.image_size: int = s["image_size"]
         self.response_format: str = s["response_format"]
         if self.api == "sglang_http":
-            self.transport, self.wire_format = "http", s["wire_format"]
+            self.connection, self.wire_format = "http", s["wire_format"]
             self.health_path = "/health"
         else:
-            self.transport, self.wire_format = "websocket", "msgpack"
+            self.connection, self.wire_format = "websocket", "msgpack"
             sglang = self.api == "sglang_websocket"
             self.websocket_path = "/openpi/policy" if sglang else ""
             self.health_path = "/health" if sglang else "/healthz"
