@@ -55,9 +55,12 @@ def test_an_error_frame_is_a_rejected_request_not_retried():
         ws.send("Traceback (most recent call last):\n  KeyError: 'observation/image'")
         ws.close(code=1011, reason="Internal server error")
 
-    with ws_server(fail) as url, WebsocketPolicyClient(url, max_retries=3) as client:
-        with pytest.raises(PolicyRequestRejected, match="KeyError: 'observation/image'"):
-            client.generate({"step": 0})
+    with (
+        ws_server(fail) as url,
+        WebsocketPolicyClient(url, max_retries=3) as client,
+        pytest.raises(PolicyRequestRejected, match="KeyError: 'observation/image'"),
+    ):
+        client.generate({"step": 0})
     assert len(calls) == 1
 
 
@@ -72,9 +75,11 @@ def test_a_connection_closed_mid_episode_is_retried_on_a_new_connection():
         echo_actions(ws, request)
 
     sleeps: list[float] = []
-    with ws_server(drop_first) as url:
-        with WebsocketPolicyClient(url, max_retries=2, sleep=sleeps.append) as client:
-            answer = client.generate({"step": 4})
+    with (
+        ws_server(drop_first) as url,
+        WebsocketPolicyClient(url, max_retries=2, sleep=sleeps.append) as client,
+    ):
+        answer = client.generate({"step": 4})
     assert answer["actions"][0, 0] == 4.0
     assert client.last_attempts == 2 and sleeps == [1.0]
 

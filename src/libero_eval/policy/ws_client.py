@@ -18,6 +18,7 @@ One connection serves one request at a time: use one client per thread, as with
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from typing import Any
@@ -106,10 +107,8 @@ class WebsocketPolicyClient:
 
     def _drop(self) -> None:
         if self._ws is not None:
-            try:
+            with contextlib.suppress(Exception):  # the connection may already be broken
                 self._ws.close()
-            except Exception:  # noqa: BLE001 - the connection is already broken
-                pass
             self._ws = None
 
     def close(self) -> None:
