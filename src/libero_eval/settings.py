@@ -415,6 +415,11 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
             "latency_fixed_s": reference["latency_fixed_s"],
             "latency_per_item_s": reference["latency_per_item_s"],
             "model_name": f"reference-{reference['policy']}",
+            **(
+                {"family": "pi05", "norm_stats_path": reference["norm_stats_path"]}
+                if config["policy"]["family"] == "pi05"
+                else {}
+            ),
         },
         "sglang": dict(server["sglang"]),
         "openpi": dict(server["openpi"]),

@@ -242,6 +242,11 @@ class LiberoEpisodeEnv:
             from libero_eval.rollout.privileged import privileged_state
 
             privileged = privileged_state(self._env, obs)
+            # the raw frames, for the reference server's own image check (image_check.py)
+            privileged["camera_frames"] = {
+                "agentview": np.ascontiguousarray(obs["agentview_image"]),
+                "wrist": np.ascontiguousarray(obs["robot0_eye_in_hand_image"]),
+            }
         return Observation(
             agentview=np.ascontiguousarray(obs["agentview_image"]),
             wrist=np.ascontiguousarray(obs["robot0_eye_in_hand_image"]),

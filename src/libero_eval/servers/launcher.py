@@ -140,6 +140,8 @@ class ReferenceServerSettings:
     latency_fixed_s: float | None = None
     latency_per_item_s: float | None = None
     model_name: str | None = None
+    family: str | None = None
+    norm_stats_path: str | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "server.reference") -> ReferenceServerSettings:
@@ -156,6 +158,8 @@ class ReferenceServerSettings:
             latency_fixed_s=_get_float(data, "latency_fixed_s", where, None, 0.0, False),
             latency_per_item_s=_get_float(data, "latency_per_item_s", where, None, 0.0, False),
             model_name=_get_str(data, "model_name", where, None),
+            family=_get_str(data, "family", where, None),
+            norm_stats_path=_get_str(data, "norm_stats_path", where, None),
         )
 
 
@@ -397,6 +401,8 @@ def build_command(settings: ServerSettings) -> list[str]:
             ("--latency-fixed-s", ref.latency_fixed_s),
             ("--latency-per-item-s", ref.latency_per_item_s),
             ("--model-name", ref.model_name),
+            ("--family", ref.family),
+            ("--norm-stats", ref.norm_stats_path),
         ]
         for flag, value in optional:
             if value is not None:

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from PIL import Image, UnidentifiedImageError
 
@@ -65,6 +65,8 @@ from libero_eval.policy.actions import (
     load_action_stats,
     stats_block_for,
 )
+from libero_eval.servers import image_check
+from libero_eval.servers import pi05_reference as pi05
 from libero_eval.servers.policies import (
     PolicyItem,
     ServerPolicy,
@@ -115,6 +117,7 @@ SUPPORTED_RESOLUTIONS = [[1280, 720], [720, 1280], [832, 480], [480, 832], [1024
 DEFAULT_NUM_INFERENCE_STEPS = 35
 DEFAULT_SEED = 42
 RESPONSE_FORMATS = ("envelope", "raw")
+FAMILIES = ("cosmos3", "pi05")
 
 
 class RequestError(ValueError):
@@ -134,9 +137,15 @@ class ReferenceServerSettings:
     latency_fixed_s: float = 0.0
     latency_per_item_s: float = 0.0
     model_name: str = "reference-hold"
+    family: str = "cosmos3"  # or "pi05": SGLang's π0.5 API (servers/pi05_reference.py)
+    norm_stats_path: Path | None = None  # π0.5: the model's own statistics
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action_stats_path", Path(self.action_stats_path))
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {list(FAMILIES)}, got {self.family!r}")
+        if self.family == "pi05" and self.norm_stats_path is None:
+            raise ValueError("family pi05 needs norm_stats_path (the model's own statistics)")
         stats_block_for(self.normalization)  # raises for unknown names
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
@@ -455,6 +464,24 @@ def _privileged_states(payload: dict[str, Any], batch_size: int) -> list[dict | 
     return states
 
 
+def _check_cosmos3_image(
+    image: np.ndarray, state: dict | None, width: int, height: int, index: int
+) -> None:
+    """With the raw camera frames in the privileged state: the image must be Cosmos3's."""
+    try:
+        frames = image_check.camera_frames(state)
+        if frames is not None:
+            image_check.compare(
+                image,
+                image_check.cosmos3_image(*frames, width=width, height=height),
+                f"input_reference[{index}]",
+                "Cosmos3 LIBERO: both cameras rotated 180 degrees, agentview left, scaled "
+                f"down to fit {width}x{height}, reflect-padded bottom and right",
+            )
+    except image_check.ImageCheckError as exc:
+        raise RequestError(str(exc)) from exc
+
+
 def parse_generation_request(payload: Any, settings: ReferenceServerSettings) -> GenerationRequest:
     """Validate a request body as SGLang's Cosmos3 action endpoint does (same order, same
     messages), plus the reference server's own limits; ``RequestError`` on bad input."""
@@ -534,8 +561,9 @@ def parse_generation_request(payload: Any, settings: ReferenceServerSettings) ->
         raise RequestError("Cosmos3 inverse_dynamics prompt must be a string")
     prompts = _action_prompt(prompt, batch_size)
 
-    for name, default in (("fps", 5), ("height", 480), ("width", 832)):
-        _as_int(options.get(name, default), name)
+    _as_int(options.get("fps", 5), "fps")
+    height = _as_int(options.get("height", 480), "height")
+    width = _as_int(options.get("width", 832), "width")
     num_inference_steps = _as_int(
         options.get("num_inference_steps", DEFAULT_NUM_INFERENCE_STEPS), "num_inference_steps"
     )
@@ -568,6 +596,8 @@ def parse_generation_request(payload: Any, settings: ReferenceServerSettings) ->
 
     rgb_images = [_image_to_rgb(item, index) for index, item in enumerate(images)]
     states = _privileged_states(payload, batch_size)
+    for index, (image, state) in enumerate(zip(rgb_images, states, strict=True)):
+        _check_cosmos3_image(image, state, width, height, index)
     request_id = payload.get("request_id") or payload.get("id") or str(uuid.uuid4())
     return GenerationRequest(
         request_id=str(request_id),
@@ -735,6 +765,10 @@ class ReferenceServer:
         self.stats: ActionStats = load_action_stats(
             settings.action_stats_path, stats_block_for(settings.normalization)
         )
+        self.pi05_model: pi05.Pi05Model | None = None
+        if settings.family == "pi05":
+            assert settings.norm_stats_path is not None
+            self.pi05_model = pi05.Pi05Model.load(settings.norm_stats_path)
         self.policy: ServerPolicy | None = None
         self.load_error: str | None = None
         self.started = time.monotonic()
@@ -824,6 +858,38 @@ class ReferenceServer:
             },
         }
 
+    def compute_pi05_actions(self, request: pi05.Pi05Request) -> np.ndarray:
+        """The expert's chunk in π0.5 model space ``float32[H, D]``."""
+        assert self.policy is not None and self.pi05_model is not None
+        chunks = self.policy.act([request.item], request.action_horizon)
+        chunk = np.asarray(chunks[0] if len(chunks) == 1 else chunks, dtype=np.float64)
+        if chunk.shape != (request.action_horizon, LIBERO_ACTION_DIM) or not np.all(
+            np.isfinite(chunk)
+        ):
+            raise PolicyOutputError(
+                f"server policy {self.settings.policy!r} returned a chunk of shape "
+                f"{chunk.shape}; it must be finite [{request.action_horizon}, 7]"
+            )
+        return pi05.model_actions(chunk, request, self.pi05_model)
+
+    async def generate_pi05(self, request: pi05.Pi05Request) -> dict[str, Any]:
+        """One π0.5 request, serialized like :meth:`generate`; SGLang's π0.5 output dict."""
+        arrived = time.perf_counter()
+        async with self._lock:
+            started = time.perf_counter()
+            try:
+                actions = await asyncio.to_thread(self.compute_pi05_actions, request)
+                remaining = self.latency_s(1) - (time.perf_counter() - started)
+                if remaining > 0:
+                    await asyncio.sleep(remaining)
+            finally:
+                finished = time.perf_counter()
+                self.busy_s += finished - started
+                self.queue_wait_s += started - arrived
+        self.requests += 1
+        self.items += 1
+        return pi05.output(request, actions)
+
     def counters(self) -> dict[str, Any]:
         return {
             "requests": self.requests,
@@ -860,6 +926,10 @@ def create_app(settings: ReferenceServerSettings) -> FastAPI:
         if server.load_error:
             return JSONResponse({"status": "failed", "detail": server.load_error}, 503)
         return JSONResponse({"status": "starting"}, 503)
+
+    if settings.family == "pi05":
+        _add_pi05_routes(app, server)
+        return app
 
     @app.get("/v1/actions/metadata")
     async def metadata() -> Response:
@@ -903,6 +973,77 @@ def create_app(settings: ReferenceServerSettings) -> FastAPI:
         return JSONResponse(response)
 
     return app
+
+
+def _add_pi05_routes(app: FastAPI, server: ReferenceServer) -> None:
+    """SGLang's π0.5 endpoints: metadata, POST generations and the /openpi/policy websocket."""
+    settings, model = server.settings, server.pi05_model
+    assert model is not None
+
+    @app.get("/v1/stats")
+    async def stats() -> Response:
+        return JSONResponse(server.counters())
+
+    @app.get("/v1/actions/metadata")
+    async def metadata() -> Response:
+        return JSONResponse(pi05.metadata(model, settings.model_name, settings.policy))
+
+    async def run(payload: Any, websocket: bool) -> dict[str, Any]:
+        if not server.ready:
+            raise PolicyOutputError(server.load_error or "server policy is not ready yet")
+        request = pi05.parse_request(payload, model, websocket=websocket)
+        return await server.generate_pi05(request)
+
+    @app.post("/v1/actions/generations")
+    async def create_action_generation(request: Request) -> Response:
+        if not server.ready:
+            raise HTTPException(503, detail=server.load_error or "server policy is not ready yet")
+        msgpack_answer = wants_msgpack(request)
+        try:
+            payload = decode_body(await request.body(), request.headers.get("content-type", ""))
+            result = await run(payload, websocket=False)
+        except (RequestError, pi05.Pi05RequestError) as exc:
+            server.rejected += 1
+            logger.info("generation rejected (400): %s", exc)
+            raise HTTPException(status_code=400, detail=str(exc)) from exc
+        except Exception as exc:
+            logger.exception("generation failed (500)")
+            raise HTTPException(500, detail=f"server policy failed: {exc!r}") from exc
+        runtime = payload.get("runtime") or {}
+        if str(runtime.get("response_format", "envelope")).lower() == "raw":
+            response = raw_response(result, preserve_numpy=msgpack_answer)
+        else:
+            response = pi05.envelope(result, settings.model_name, preserve_numpy=msgpack_answer)
+        if msgpack_answer:
+            return Response(content=codec.pack(response), media_type=codec.MSGPACK_CONTENT_TYPE)
+        return JSONResponse(response)
+
+    @app.websocket("/openpi/policy")
+    async def openpi_policy(websocket: WebSocket) -> None:
+        """ws_utils.run_action_msgpack_ws: metadata, then one answer per frame; an error
+        frame ``{"error": ...}`` and close code 1011 on failure."""
+        await websocket.accept()
+        await websocket.send_bytes(
+            codec.pack(pi05.metadata(model, settings.model_name, settings.policy))
+        )
+        while True:
+            try:
+                frame = await websocket.receive_bytes()
+            except WebSocketDisconnect:
+                return
+            try:
+                started = time.monotonic()
+                result = await run(codec.unpack(frame), websocket=True)
+                result["server_timing"] = {"infer_ms": (time.monotonic() - started) * 1000}
+                await websocket.send_bytes(codec.pack(result))
+            except WebSocketDisconnect:
+                return
+            except Exception as exc:  # noqa: BLE001 - reported to the client, then closed
+                server.rejected += 1
+                logger.info("websocket request failed: %s", exc)
+                await websocket.send_bytes(codec.pack({"error": f"{type(exc).__name__}: {exc}"}))
+                await websocket.close(code=1011, reason="Internal server error")
+                return
 
 
 @contextlib.contextmanager
@@ -983,6 +1124,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--latency-per-item-s", type=float, default=0.0, help="per-image latency")
     parser.add_argument("--model-name", default="reference-hold", help="reported model name")
     parser.add_argument(
+        "--family",
+        default="cosmos3",
+        choices=FAMILIES,
+        help="model family whose SGLang API to serve (default cosmos3)",
+    )
+    parser.add_argument(
+        "--norm-stats", type=Path, default=None, help="π0.5: the model's statistics file"
+    )
+    parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
     return parser
@@ -1006,6 +1156,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             latency_fixed_s=args.latency_fixed_s,
             latency_per_item_s=args.latency_per_item_s,
             model_name=args.model_name,
+            family=args.family,
+            norm_stats_path=args.norm_stats,
         )
         logging.basicConfig(
             level=args.log_level.upper(),

@@ -1,0 +1,314 @@
+"""The reference server's π0.5 side: SGLang 0.5.23's π0.5 action API served by the expert.
+
+Requests are read as SGLang's ``protocol.py`` reads them (``_action_request_to_observation``,
+``_build_action_model_sampling_params``): the HTTP envelope ``{"input": {"prompt",
+"observation": {"images", "image_masks", "state"}}, "parameters", "runtime"}`` or the flat map
+of the ``/openpi/policy`` websocket. One observation per request, as ``Pi05Preprocessor``
+requires. The server then acts as the model would expect its inputs, strictly:
+
+- the state must have the model's state dim (a client that forgets to pad fails), its
+  padding must be zeros, and with privileged state on, the state de-normalized with the
+  MODEL's statistics (``server.reference.norm_stats_path``) must be the robot's own state
+  (a client normalizing with other statistics fails);
+- with privileged state on, the images must be the model's preprocessing of the raw camera
+  frames (``servers/image_check.py``).
+
+Answers are what SGLang returns: ``[action_horizon, model_action_dim]`` float32 in model
+space (the expert's LIBERO chunk normalized with the model's statistics, zero-padded).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from libero_eval.policy import openpi_transforms as T
+from libero_eval.servers import image_check
+from libero_eval.servers.policies import PolicyItem
+
+IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+STATE_TOLERANCE = 1e-3  # float32 round trip of a normalized state, in metres / radians
+
+
+class Pi05RequestError(ValueError):
+    """A π0.5 request the server rejects (HTTP 400, or an error frame on the websocket)."""
+
+
+@dataclass(frozen=True)
+class Pi05Model:
+    """The model side: its statistics and shapes (SGLang's Pi05PipelineConfig defaults)."""
+
+    stats: T.NormStats
+    normalization: str = "quantile"
+    state_dim: int = 32
+    action_horizon: int = 50
+    action_dim: int = 32
+    image_size: int = 224
+
+    @classmethod
+    def load(cls, norm_stats_path: str | Path, **shapes: Any) -> Pi05Model:
+        stats = T.load_norm_stats(norm_stats_path)
+        model = cls(stats=stats, **shapes)
+        T.check_stats(stats, model.normalization, T.LIBERO_STATE_DIM, T.LIBERO_ACTION_DIM)
+        return model
+
+
+@dataclass(frozen=True)
+class Pi05Request:
+    request_id: str
+    item: PolicyItem
+    action_horizon: int
+    action_dim: int
+    num_inference_steps: int
+    response_format: str | None  # None on the websocket
+
+
+def _array(value: Any, where: str, dtype: Any = None) -> np.ndarray:
+    if isinstance(value, dict):  # SGLang's {"dtype", "shape", "values"|"data"} tensor payload
+        values = value.get("values", value.get("data"))
+        array = np.asarray(values, dtype=value.get("dtype") or dtype)
+        if value.get("shape") is not None:
+            array = array.reshape(value["shape"])
+        return array
+    try:
+        return np.asarray(value, dtype=dtype)
+    except (TypeError, ValueError) as exc:
+        raise Pi05RequestError(f"{where} is not a numeric array ({exc})") from exc
+
+
+def _image(value: Any, key: str) -> np.ndarray:
+    if isinstance(value, dict) and ("b64_json" in value or "base64" in value):
+        import base64
+        import io
+
+        from PIL import Image
+
+        data = value.get("b64_json") or value.get("base64")
+        if isinstance(data, str) and data.startswith("data:"):
+            data = data.split(",", 1)[1]
+        try:
+            return np.asarray(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGB"))
+        except Exception as exc:
+            raise Pi05RequestError(f"images.{key}: unreadable base64 image ({exc})") from exc
+    image = _array(value, f"images.{key}")
+    if image.ndim != 3 or image.shape[-1] != 3:
+        raise Pi05RequestError(f"images.{key}: expected an HWC image, got shape {image.shape}")
+    return image
+
+
+def parse_request(payload: Any, model: Pi05Model, *, websocket: bool) -> Pi05Request:
+    """Read a π0.5 request as SGLang does; :class:`Pi05RequestError` on bad input."""
+    if not isinstance(payload, dict):
+        raise Pi05RequestError(f"request must be a map, got {type(payload).__name__}")
+    if websocket or "input" not in payload:
+        observation, parameters, runtime = payload, payload, {}
+        privileged = payload.get("privileged_state")
+    else:
+        block = payload.get("input") or {}
+        observation = {**(block.get("observation") or {}), "prompt": block.get("prompt")}
+        if "task" in block:
+            observation["prompt"] = block["task"]
+        parameters, runtime = payload.get("parameters") or {}, payload.get("runtime") or {}
+        privileged = block.get("privileged_state")
+    if "input_reference" in (payload.get("input") or {}):
+        raise Pi05RequestError(
+            "this is a π0.5 server (Pi05Pipeline): it takes input.observation.images, not "
+            "Cosmos3's input.input_reference; check policy.family"
+        )
+    prompt = observation.get("prompt") or observation.get("task") or ""
+    if isinstance(prompt, list):
+        if len(prompt) != 1:
+            raise Pi05RequestError("Pi05 v1 expects one prompt per action request")
+        prompt = prompt[0]
+    images = observation.get("images")
+    if not isinstance(images, dict) or not images:
+        raise Pi05RequestError(f"π0.5 requests need observation.images keyed by {list(IMAGE_KEYS)}")
+    unknown = sorted(set(images) - set(IMAGE_KEYS))
+    if unknown:
+        raise Pi05RequestError(
+            f"unknown image key(s) {unknown}; the model's are {list(IMAGE_KEYS)}"
+        )
+    masks = observation.get("image_masks") or {}
+    arrays = {key: _image(value, key) for key, value in images.items() if value is not None}
+    state = observation.get("state")
+    if state is None:
+        raise Pi05RequestError("π0.5 requests need observation.state (normalized, padded)")
+    state = _array(state, "state", np.float32).reshape(-1)
+    if state.shape[0] > model.state_dim:
+        raise Pi05RequestError(f"Pi05 state dim must be <= {model.state_dim}, got {state.shape[0]}")
+    if state.shape[0] != model.state_dim:
+        raise Pi05RequestError(
+            f"the state has {state.shape[0]} entries; this model's state dim is "
+            f"{model.state_dim}: zero-pad the normalized state (policy.pi05.pad_state_to)"
+        )
+    if np.any(state[T.LIBERO_STATE_DIM :] != 0):
+        raise Pi05RequestError(
+            f"state entries {T.LIBERO_STATE_DIM}..{model.state_dim - 1} must be zero padding"
+        )
+    if privileged is not None:
+        _check_state(state[: T.LIBERO_STATE_DIM], privileged, model)
+        _check_images(arrays, masks, privileged, model)
+    horizon = int(parameters.get("action_horizon", model.action_horizon))
+    action_dim = int(parameters.get("action_dim", model.action_dim))
+    if horizon <= 0 or action_dim <= 0:
+        raise Pi05RequestError("action_horizon and action_dim must be positive")
+    response_format = None
+    if not websocket:
+        response_format = str(runtime.get("response_format", "envelope")).lower()
+        if response_format not in ("envelope", "raw"):
+            raise Pi05RequestError("runtime.response_format must be 'envelope' or 'raw'")
+    base = arrays.get("base_0_rgb")
+    return Pi05Request(
+        request_id=str(payload.get("request_id") or uuid.uuid4()),
+        item=PolicyItem(
+            image=base if base is not None else np.zeros((1, 1, 3), np.uint8),
+            prompt=str(prompt),
+            privileged_state=privileged,
+        ),
+        action_horizon=horizon,
+        action_dim=action_dim,
+        num_inference_steps=int(parameters.get("num_inference_steps", 10)),
+        response_format=response_format,
+    )
+
+
+def _check_state(state: np.ndarray, privileged: dict[str, Any], model: Pi05Model) -> None:
+    robot = privileged.get("robot") or {}
+    try:
+        truth = T.libero_state(robot["eef_pos"], robot["eef_quat"], robot["gripper_qpos"])
+    except (KeyError, TypeError, ValueError):
+        return  # no robot state to compare with
+    received = T.unnormalize(state, model.stats.state, model.normalization, model.stats.convention)
+    error = np.abs(received - truth)
+    if error.max() > STATE_TOLERANCE:
+        channel = int(error.argmax())
+        raise Pi05RequestError(
+            f"the state does not match the robot's: channel {channel} de-normalizes with the "
+            f"model's statistics ({model.stats.source}) to {received[channel]:.4f}, the robot's "
+            f"is {truth[channel]:.4f}. Check policy.pi05.norm_stats_path (the checkpoint's own "
+            "statistics), policy.pi05.normalization and the state layout (eef_pos, "
+            "axis-angle, gripper_qpos)"
+        )
+
+
+def _check_images(
+    arrays: dict[str, np.ndarray], masks: dict[str, Any], privileged: dict, model: Pi05Model
+) -> None:
+    try:
+        frames = image_check.camera_frames(privileged)
+    except image_check.ImageCheckError as exc:
+        raise Pi05RequestError(str(exc)) from exc
+    if frames is None:
+        return
+    agentview, wrist = frames
+    expected = {
+        "base_0_rgb": image_check.pi05_image(agentview, model.image_size),
+        "left_wrist_0_rgb": image_check.pi05_image(wrist, model.image_size),
+    }
+    convention = (
+        "openpi LIBERO: rotated 180 degrees, resized with zero padding to "
+        f"{model.image_size}, base = agentview, left wrist = wrist"
+    )
+    try:
+        for key, image in expected.items():
+            if key not in arrays or not bool(masks.get(key, True)):
+                raise image_check.ImageCheckError(f"image check failed: {key} is missing or masked")
+            image_check.compare(arrays[key], image, key, convention)
+    except image_check.ImageCheckError as exc:
+        raise Pi05RequestError(str(exc)) from exc
+    right = arrays.get("right_wrist_0_rgb")
+    if bool(masks.get("right_wrist_0_rgb", right is not None)) or (
+        right is not None and np.any(right)
+    ):
+        raise Pi05RequestError(
+            "image check failed: right_wrist_0_rgb must be zeros with mask False (openpi's "
+            "LIBERO inputs for π0 / π0.5)"
+        )
+
+
+def model_actions(chunk: np.ndarray, request: Pi05Request, model: Pi05Model) -> np.ndarray:
+    """The expert's LIBERO chunk ``[H, 7]`` as the model's normalized ``[H, D]`` float32."""
+    normalized = T.normalize(
+        chunk, model.stats.actions, model.normalization, model.stats.convention
+    )
+    actions = np.zeros((request.action_horizon, request.action_dim), dtype=np.float32)
+    actions[:, : T.LIBERO_ACTION_DIM] = normalized
+    return actions
+
+
+def output(request: Pi05Request, actions: np.ndarray) -> dict[str, Any]:
+    """VLAActionPostprocessStage's payload."""
+    return {
+        "request_id": request.request_id,
+        "actions": actions,
+        "parameters": {"num_inference_steps": request.num_inference_steps},
+        "timings": {},
+    }
+
+
+def envelope(result: dict[str, Any], model_name: str, *, preserve_numpy: bool) -> dict[str, Any]:
+    """protocol.py ``action_generation_response`` for a π0.5 output."""
+    actions = np.asarray(result["actions"])
+    return {
+        "id": result["request_id"],
+        "object": "action.generation",
+        "created": int(time.time()),
+        "model": model_name,
+        "data": [
+            {
+                "index": 0,
+                "input_index": 0,
+                "candidate_index": 0,
+                "action": {
+                    "type": "continuous",
+                    "dtype": "float32",
+                    "shape": list(actions.shape),
+                    "values": actions if preserve_numpy else actions.tolist(),
+                },
+            }
+        ],
+        "usage": {
+            "batch_size": 1,
+            "action_horizon": actions.shape[0],
+            "action_dim": actions.shape[1],
+            "denoise_steps": result["parameters"]["num_inference_steps"],
+            "prefix_cache_hit": False,
+        },
+        "timings": result["timings"],
+    }
+
+
+def metadata(model: Pi05Model, model_name: str, policy: str) -> dict[str, Any]:
+    """protocol.py ``action_metadata`` for Pi05PipelineConfig (the parts clients read)."""
+    return {
+        "object": "action.metadata",
+        "model": model_name,
+        "model_path": f"reference://{policy}",
+        "policy_family": "pi05",
+        "input": {
+            "image_keys": list(IMAGE_KEYS),
+            "image_size": [model.image_size, model.image_size],
+            "state_dim": model.state_dim,
+        },
+        "output": {
+            "action_type": "continuous",
+            "action_horizon": model.action_horizon,
+            "action_dim": model.action_dim,
+            "padded_action_dim": model.action_dim,
+            "dtype": "float32",
+        },
+        "defaults": {"num_inference_steps": 10, "prefix_cache": False, "cuda_graph": False},
+        "capabilities": {
+            "exact_prefix_cache": True,
+            "cuda_graph": False,
+            "realtime_websocket": False,
+            "openpi_websocket": True,
+            "batch_inputs": False,
+            "multiple_candidates": False,
+        },
+    }
