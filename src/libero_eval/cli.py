@@ -147,6 +147,8 @@ def _compare(args: argparse.Namespace) -> int:
                 "figure": out / "difference.png",
             },
         )
+    for warning in comparison.warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
     print(comparison_markdown(comparison), end="")
     return 0
 

@@ -109,6 +109,24 @@ class Comparison:
     def overall(self) -> pd.Series:
         return self.table[self.table["level"] == "overall"].iloc[0]
 
+    @property
+    def warnings(self) -> list[str]:
+        """Why the two runs' episodes may not be comparable (different protocol or seed)."""
+        messages = []
+        for column, what in (
+            ("protocol", "episode protocols (wait steps, step limits, early stop)"),
+            ("seed", "env seeds (scene layout)"),
+        ):
+            base, cand = (self.runs[column].iloc[i] for i in (0, 1))
+            if base != cand:
+                messages.append(
+                    f"The runs used different {what}: `{self.baseline}` {column} {base or '?'}, "
+                    f"`{self.candidate}` {column} {cand or '?'}. Differences between them "
+                    "mix the policies with the protocol; rerun one with the other's "
+                    f"rollout.protocol / plan.seed for a like-for-like comparison."
+                )
+        return messages
+
 
 def _check_unique(episodes: pd.DataFrame, name: str) -> None:
     duplicated = episodes[episodes.duplicated(PAIR_KEYS, keep=False)]
@@ -296,6 +314,8 @@ def comparison_markdown(comparison: Comparison, decimals: int = 1) -> str:
             f"| `{run['run']}` | {run['episodes']} | {run[c.metric]} | {run['errors']} "
             f"| {run['protocol']} | {run['seed']} |\n"
         )
+    for warning in c.warnings:
+        parts.append(f"\n> **Warning.** {warning}\n")
     parts += ["\n## Overall and suites\n\n", header]
     for _, row in c.table[c.table["level"] != "task"].iterrows():
         parts.append(line(row, "**all**" if row["level"] == "overall" else row["suite"]))

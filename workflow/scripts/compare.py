@@ -1,6 +1,7 @@
 """Compare two runs episode by episode (paired by suite, task and init state)."""
 
 import os
+import sys
 
 from libero_eval.compare import compare_runs
 from libero_eval.report.comparison import write_comparison
@@ -19,4 +20,6 @@ with open(snakemake.log[0], "w") as log:
         n_resamples=snakemake.params.resamples,
         seed=snakemake.params.seed,
     )
+    for warning in comparison.warnings:
+        print(f"WARNING: {warning}", file=sys.stderr)
     write_comparison(comparison, dict(snakemake.output.items()))

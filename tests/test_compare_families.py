@@ -1,0 +1,46 @@
+"""Comparing runs of two families (or protocols): the report names each run's protocol and seed
+and warns when they differ."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from libero_eval.compare import compare_runs, comparison_markdown
+
+
+def episodes(protocol: str, seed: int, successes: list[bool]) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "suite": "libero_spatial",
+            "task_id": 0,
+            "init_state_id": range(len(successes)),
+            "task_language": "pick up the black bowl",
+            "success_once": successes,
+            "error": None,
+            "protocol": protocol,
+            "seed": seed,
+        }
+    )
+
+
+def test_same_protocol_no_warning():
+    c = compare_runs(
+        episodes("openpi", 7, [True, False]), episodes("openpi", 7, [True, True]), "cos", "pi"
+    )
+    assert c.warnings == []
+    assert "Warning" not in comparison_markdown(c)
+
+
+def test_different_protocols_and_seeds_are_stated_and_warned_about():
+    c = compare_runs(
+        episodes("rlinf", 1140, [True, False]),
+        episodes("openpi", 7, [True, True]),
+        "cosmos3_run",
+        "pi05_run",
+    )
+    assert len(c.warnings) == 2
+    assert "`cosmos3_run` protocol rlinf, `pi05_run` protocol openpi" in c.warnings[0]
+    markdown = comparison_markdown(c)
+    assert "| `cosmos3_run` | 2 | 1 | 0 | rlinf | 1140 |" in markdown
+    assert "| `pi05_run` | 2 | 2 | 0 | openpi | 7 |" in markdown
+    assert markdown.count("> **Warning.**") == 2
