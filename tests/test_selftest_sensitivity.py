@@ -3,8 +3,9 @@
 The scripted expert answers in the model's output space (normalized rot6d, global_raw stats),
 and its chunks come back through the client conversion. Here the conversion is deliberately
 broken in one convention at a time, on an episode the expert solves with the right one.
-The expert reads no images, so image conventions (180-degree flip) are out of its reach;
-tests/test_actions.py pins those.
+The expert reads no images; the image conventions (180-degree flip, view order, padding) are
+checked by the reference server against the raw camera frames (tests/test_pi05_reference.py)
+and pinned by tests/test_actions.py.
 """
 
 from __future__ import annotations
