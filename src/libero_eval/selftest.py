@@ -3,9 +3,11 @@
 The expert plans from privileged state and answers in the model's output space (normalized
 rot6d), so its actions go through exactly the client conversion a Cosmos3 checkpoint's do:
 stats block, de-normalization, rot6d layout and orthonormalization, gripper mapping, chunk
-handling. A wrong convention there drops its success to about zero. It reads no images, so
-it cannot catch image conventions (180-degree flip, camera order, resize/pad); tests pin
-those separately (tests/test_actions.py).
+handling. A wrong convention there drops its success to about zero. For π0.5 the server also
+de-normalizes the state it receives with the model's statistics and compares it with the
+robot's. The expert reads no images; with privileged state on, the reference server checks
+them against its own preprocessing of the raw camera frames and refuses a mismatch, so image
+conventions (180-degree flip, camera order, resize/pad) fail the run loudly instead.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ CHECKS = (
     "rot6d layout: the first two COLUMNS of the rotation matrix",
     "policy.gripper_mapping: g = 1 is open (LIBERO -1)",
     "policy.num_action_chunks / num_frames",
+    "π0.5: policy.pi05.norm_stats_path, normalization, replan_steps",
 )
 
 

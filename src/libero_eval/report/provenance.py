@@ -91,17 +91,33 @@ def provenance(
     server = config.get("server", {})
     backend = server.get("backend")
     model: dict[str, Any] = {"backend": backend}
+    policy = config.get("policy", {})
+    model["family"] = policy.get("family")
     if backend == "sglang":
         model_path = server.get("sglang", {}).get("model_path")
-        model["model_dir"] = str(Path(model_path).resolve()) if model_path else None
-        model["model_index_sha256"] = (
-            file_sha256(Path(model_path) / "model_index.json") if model_path else None
+        model["model_dir"] = (
+            str(Path(model_path).resolve())
+            if model_path and Path(model_path).exists()
+            else model_path
         )
+        index = Path(model_path or "") / "model_index.json"
+        model["model_index_sha256"] = file_sha256(index) if model_path and index.is_file() else None
         model["sglang_command"] = server.get("sglang", {}).get("command")
+        model["pipeline_class_name"] = server.get("sglang", {}).get("pipeline_class_name")
+    elif backend == "openpi":
+        model["model_dir"] = None
+        model["openpi_command"] = server.get("openpi", {}).get("command")
+        model["openpi_cwd"] = server.get("openpi", {}).get("cwd")
     else:
         model["model_dir"] = None
         model["reference_policy"] = server.get("reference", {}).get("policy")
-    stats_path = config.get("policy", {}).get("action_stats_path")
+    if policy.get("family") == "pi05":  # openpi's own server holds its statistics itself
+        pi05 = policy.get("pi05", {})
+        stats_path = None if pi05.get("api") == "openpi_websocket" else pi05.get("norm_stats_path")
+        if stats_path and Path(stats_path).is_dir():
+            stats_path = str(Path(stats_path) / "norm_stats.json")
+    else:
+        stats_path = policy.get("action_stats_path")
     record: dict[str, Any] = {
         "run_id": config.get("run_id"),
         "generated_at": _timestamp(time.time()),
