@@ -59,8 +59,9 @@ def roundtrip(url: str, a, obs) -> np.ndarray:
         {"api": "sglang_http"},
         {"api": "sglang_http", "wire_format": "json", "response_format": "raw"},
         {"api": "sglang_websocket"},
+        {"api": "openpi_websocket"},
     ],
-    ids=["http-msgpack", "http-json-raw", "websocket"],
+    ids=["http-msgpack", "http-json-raw", "websocket", "openpi-raw"],
 )
 def test_the_expert_comes_back_through_pi05_conventions(pi05_url, overrides):
     actions = roundtrip(pi05_url, adapter(**overrides), privileged())
@@ -151,3 +152,17 @@ def test_cosmos3_images_are_checked_against_the_raw_frames_too():
         bad["input"]["input_reference"][0] = bad["input"]["input_reference"][0][::-1, ::-1]
         with pytest.raises(PolicyRequestRejected, match="Cosmos3 LIBERO.*flip"):
             client.generate(bad)
+
+
+def test_openpis_raw_protocol_checks_the_raw_state_and_images(pi05_url):
+    a = adapter(api="openpi_websocket")
+    payload = a.build_request([privileged()], "r")
+    payload["observation/image"] = payload["observation/image"][::-1, ::-1]
+    with make_client(pi05_url, a, max_retries=0) as client:
+        assert client.health()  # openpi's /healthz
+        with pytest.raises(PolicyRequestRejected, match="flip"):
+            client.generate(payload)
+        payload = a.build_request([privileged()], "r")
+        payload["observation/state"] = payload["observation/state"] + 0.01
+        with pytest.raises(PolicyRequestRejected, match="the state does not match the robot's"):
+            client.generate(payload)

@@ -170,12 +170,6 @@ def _check_pi05(config: dict[str, Any]) -> None:
                 f"server.sglang.model_path: {model_path} does not exist (relative paths start "
                 f"at {Path.cwd()}) and is no Hugging Face id (org/name)"
             )
-    elif adapter.api == "openpi_websocket":
-        raise ConfigError(
-            "policy.pi05.api openpi_websocket needs openpi's transforms on the server; the "
-            "reference server takes sglang_http or sglang_websocket (the client-side "
-            "transforms are what its self-test proves)"
-        )
     else:
         stats = Path(server["reference"]["norm_stats_path"])
         if not stats.exists():

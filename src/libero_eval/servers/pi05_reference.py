@@ -177,22 +177,81 @@ def parse_request(payload: Any, model: Pi05Model, *, websocket: bool) -> Pi05Req
     )
 
 
-def _check_state(state: np.ndarray, privileged: dict[str, Any], model: Pi05Model) -> None:
+OPENPI_ACTION_HORIZON = 10  # openpi's pi05_libero config answers 10 LIBERO actions
+OPENPI_KEYS = ("observation/image", "observation/wrist_image", "observation/state", "prompt")
+
+
+def parse_openpi_request(payload: Any, model: Pi05Model) -> Pi05Request:
+    """openpi's ``serve_policy.py`` LIBERO request (``examples/libero/main.py``'s element):
+    the raw observation, whose transforms the server runs. Checked like the SGLang forms:
+    the 8-D state against the robot's, the images against the raw camera frames."""
+    if not isinstance(payload, dict):
+        raise Pi05RequestError(f"request must be a map, got {type(payload).__name__}")
+    missing = [key for key in OPENPI_KEYS if key not in payload]
+    if missing:
+        hint = (
+            " (this looks like SGLang's model-space form: use policy.pi05.api sglang_websocket)"
+            if "images" in payload
+            else ""
+        )
+        raise Pi05RequestError(f"openpi LIBERO request lacks {missing}{hint}")
+    images = {
+        "base_0_rgb": _image(payload["observation/image"], "observation/image"),
+        "left_wrist_0_rgb": _image(payload["observation/wrist_image"], "observation/wrist_image"),
+    }
+    state = _array(payload["observation/state"], "observation/state", np.float64).reshape(-1)
+    if state.shape != (T.LIBERO_STATE_DIM,):
+        raise Pi05RequestError(
+            f"observation/state must be LIBERO's {T.LIBERO_STATE_DIM} raw values (eef_pos, "
+            f"axis-angle, gripper_qpos), got {state.shape[0]}"
+        )
+    privileged = payload.get("privileged_state")
+    if privileged is not None:
+        _check_state(state, privileged, model, normalized=False)
+        _check_images(
+            {**images, "right_wrist_0_rgb": None},
+            {"right_wrist_0_rgb": False},
+            privileged,
+            model,
+        )
+    return Pi05Request(
+        request_id=str(uuid.uuid4()),
+        item=PolicyItem(
+            image=images["base_0_rgb"], prompt=str(payload["prompt"]), privileged_state=privileged
+        ),
+        action_horizon=OPENPI_ACTION_HORIZON,
+        action_dim=T.LIBERO_ACTION_DIM,
+        num_inference_steps=10,
+        response_format=None,
+    )
+
+
+def _check_state(
+    state: np.ndarray, privileged: dict[str, Any], model: Pi05Model, normalized: bool = True
+) -> None:
     robot = privileged.get("robot") or {}
     try:
         truth = T.libero_state(robot["eef_pos"], robot["eef_quat"], robot["gripper_qpos"])
     except (KeyError, TypeError, ValueError):
         return  # no robot state to compare with
-    received = T.unnormalize(state, model.stats.state, model.normalization, model.stats.convention)
+    received = (
+        T.unnormalize(state, model.stats.state, model.normalization, model.stats.convention)
+        if normalized
+        else state
+    )
     error = np.abs(received - truth)
     if error.max() > STATE_TOLERANCE:
         channel = int(error.argmax())
+        how = (
+            f"de-normalizes with the model's statistics ({model.stats.source}) to"
+            if normalized
+            else "is"
+        )
         raise Pi05RequestError(
-            f"the state does not match the robot's: channel {channel} de-normalizes with the "
-            f"model's statistics ({model.stats.source}) to {received[channel]:.4f}, the robot's "
-            f"is {truth[channel]:.4f}. Check policy.pi05.norm_stats_path (the checkpoint's own "
-            "statistics), policy.pi05.normalization and the state layout (eef_pos, "
-            "axis-angle, gripper_qpos)"
+            f"the state does not match the robot's: channel {channel} {how} "
+            f"{received[channel]:.4f}, the robot's is {truth[channel]:.4f}. Check "
+            "policy.pi05.norm_stats_path (the checkpoint's own statistics), "
+            "policy.pi05.normalization and the state layout (eef_pos, axis-angle, gripper_qpos)"
         )
 
 

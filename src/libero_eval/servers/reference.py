@@ -858,8 +858,11 @@ class ReferenceServer:
             },
         }
 
-    def compute_pi05_actions(self, request: pi05.Pi05Request) -> np.ndarray:
-        """The expert's chunk in π0.5 model space ``float32[H, D]``."""
+    def compute_pi05_actions(
+        self, request: pi05.Pi05Request, model_space: bool = True
+    ) -> np.ndarray:
+        """The expert's chunk in π0.5 model space ``float32[H, D]`` (or as LIBERO actions
+        ``[H, 7]``, what openpi's server answers after its own transforms)."""
         assert self.policy is not None and self.pi05_model is not None
         chunks = self.policy.act([request.item], request.action_horizon)
         chunk = np.asarray(chunks[0] if len(chunks) == 1 else chunks, dtype=np.float64)
@@ -870,15 +873,19 @@ class ReferenceServer:
                 f"server policy {self.settings.policy!r} returned a chunk of shape "
                 f"{chunk.shape}; it must be finite [{request.action_horizon}, 7]"
             )
+        if not model_space:
+            return chunk
         return pi05.model_actions(chunk, request, self.pi05_model)
 
-    async def generate_pi05(self, request: pi05.Pi05Request) -> dict[str, Any]:
+    async def generate_pi05(
+        self, request: pi05.Pi05Request, model_space: bool = True
+    ) -> dict[str, Any]:
         """One π0.5 request, serialized like :meth:`generate`; SGLang's π0.5 output dict."""
         arrived = time.perf_counter()
         async with self._lock:
             started = time.perf_counter()
             try:
-                actions = await asyncio.to_thread(self.compute_pi05_actions, request)
+                actions = await asyncio.to_thread(self.compute_pi05_actions, request, model_space)
                 remaining = self.latency_s(1) - (time.perf_counter() - started)
                 if remaining > 0:
                     await asyncio.sleep(remaining)
@@ -1017,6 +1024,41 @@ def _add_pi05_routes(app: FastAPI, server: ReferenceServer) -> None:
         if msgpack_answer:
             return Response(content=codec.pack(response), media_type=codec.MSGPACK_CONTENT_TYPE)
         return JSONResponse(response)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:  # openpi's readiness path
+        return Response("OK\n" if server.ready else "starting\n", 200 if server.ready else 503)
+
+    @app.websocket("/")
+    async def openpi_serve_policy(websocket: WebSocket) -> None:
+        """openpi's ``websocket_policy_server.py``: metadata, then the raw LIBERO observation
+        in and ``{"actions": [10, 7]}`` out; on failure the traceback as a TEXT frame and
+        close code 1011."""
+        await websocket.accept()
+        await websocket.send_bytes(codec.pack({"reference_policy": settings.policy}))
+        while True:
+            try:
+                frame = await websocket.receive_bytes()
+            except WebSocketDisconnect:
+                return
+            try:
+                started = time.monotonic()
+                if not server.ready:
+                    raise PolicyOutputError(server.load_error or "server policy is not ready")
+                request = pi05.parse_openpi_request(codec.unpack(frame), model)
+                result = await server.generate_pi05(request, model_space=False)
+                answer = {
+                    "actions": result["actions"],
+                    "server_timing": {"infer_ms": (time.monotonic() - started) * 1000},
+                }
+                await websocket.send_bytes(codec.pack(answer))
+            except WebSocketDisconnect:
+                return
+            except Exception as exc:  # noqa: BLE001 - reported to the client, then closed
+                server.rejected += 1
+                await websocket.send_text(f"Traceback (reference server):\n{exc!r}")
+                await websocket.close(code=1011, reason="Internal server error")
+                return
 
     @app.websocket("/openpi/policy")
     async def openpi_policy(websocket: WebSocket) -> None:
