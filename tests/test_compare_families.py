@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from libero_eval.compare import compare_runs, comparison_markdown
+from libero_eval.report.comparison import comparison_html
 
 
 def episodes(protocol: str, seed: int, successes: list[bool]) -> pd.DataFrame:
@@ -44,3 +45,4 @@ def test_different_protocols_and_seeds_are_stated_and_warned_about():
     assert "| `cosmos3_run` | 2 | 1 | 0 | rlinf | 1140 |" in markdown
     assert "| `pi05_run` | 2 | 2 | 0 | openpi | 7 |" in markdown
     assert markdown.count("> **Warning.**") == 2
+    assert comparison_html(c).count("<strong>Warning.</strong>") == 2

@@ -85,6 +85,17 @@ def check_config(config: dict[str, Any]) -> None:
             f"server.backend openpi serves π0.5 (openpi's serve_policy.py); policy.family is "
             f"{policy['family']}: set policy.family: pi05"
         )
+    try:
+        planned_episodes(config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    protocol = episode_protocol(config)
+    if rollout["reset_seeding"] == "reference" and not protocol.replays_reference_stream:
+        raise ConfigError(
+            f"rollout.reset_seeding: reference cannot reproduce protocol {protocol.name}: its "
+            "reference seeds each reset from the env's rank and slot, not from the episode "
+            "(docs/protocols.md); use reset_seeding: episode"
+        )
     if policy["family"] == "pi05":
         _check_pi05(config)
     else:
@@ -182,7 +193,7 @@ def _check_pi05(config: dict[str, Any]) -> None:
 def _check_cosmos3(config: dict[str, Any]) -> None:
     from libero_eval.policy.actions import load_action_stats, stats_block_for
 
-    policy, rollout, server = config["policy"], config["rollout"], config["server"]
+    policy, server = config["policy"], config["server"]
     if policy["raw_action_dim"] != 10:
         raise ConfigError(
             f"policy.raw_action_dim is {policy['raw_action_dim']}; Cosmos3 LIBERO actions have "
@@ -201,17 +212,6 @@ def _check_cosmos3(config: dict[str, Any]) -> None:
     if (frames - 1) % 4:
         raise ConfigError(
             f"policy.num_frames ({frames}) must be 4k + 1 for Cosmos3's temporal VAE, e.g. 17"
-        )
-    try:
-        planned_episodes(config)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    protocol = episode_protocol(config)
-    if rollout["reset_seeding"] == "reference" and not protocol.replays_reference_stream:
-        raise ConfigError(
-            f"rollout.reset_seeding: reference cannot reproduce protocol {protocol.name}: its "
-            "reference seeds each reset from the env's rank and slot, not from the episode "
-            "(docs/protocols.md); use reset_seeding: episode"
         )
     stats_path = Path(policy["action_stats_path"])
     if not stats_path.is_file():

@@ -124,7 +124,10 @@ def comparison_html(comparison: Comparison, decimals: int = 1) -> str:
         "state). Difference = candidate - baseline; gained = candidate succeeded where the "
         "baseline failed, lost = the reverse.</p>"
         f"<h2>Runs</h2>{_html_table(c.runs)}"
-        f"<h2>Overall and suites</h2>{_html_table(differences(summary, False))}"
+        + "".join(
+            f"<p><strong>Warning.</strong> {html.escape(warning)}</p>" for warning in c.warnings
+        )
+        + f"<h2>Overall and suites</h2>{_html_table(differences(summary, False))}"
         f"<h2>Tasks</h2>{_html_table(differences(tasks, True))}"
         f"<h2>Flipped episodes ({len(c.flipped)})</h2>"
         + (_html_table(flipped) if len(flipped) else "<p>None.</p>")
