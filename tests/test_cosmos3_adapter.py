@@ -333,7 +333,7 @@ def test_stats_block_follows_normalization_and_missing_files_are_named(tmp_path)
 def test_registry_builds_adapters_and_lists_known_families():
     assert ADAPTERS["cosmos3"] is Cosmos3Adapter
     assert isinstance(make_adapter("cosmos3", reference_settings()), Cosmos3Adapter)
-    with pytest.raises(ValueError, match=r"unknown policy.family 'pi0'.*\['cosmos3'\]"):
+    with pytest.raises(ValueError, match=r"unknown policy.family 'pi0'.*\['cosmos3', 'pi05'\]"):
         make_adapter("pi0", {})
 
 

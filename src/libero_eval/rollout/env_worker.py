@@ -252,7 +252,10 @@ class LiberoEpisodeEnv:
             wrist=np.ascontiguousarray(obs["robot0_eye_in_hand_image"]),
             task_language=self.task_language,
             privileged_state=privileged,
-            proprio={key: np.array(obs[key], dtype=np.float64) for key in PROPRIO_KEYS},
+            proprio={
+                key: np.array(obs[key], dtype=np.float64) for key in PROPRIO_KEYS if key in obs
+            }
+            or None,
         )
 
     def start_episode(self, spec: EpisodeSpec) -> Observation:
