@@ -254,3 +254,26 @@ def test_metadata_of_another_family_is_refused():
         adapter(api="openpi_websocket").check_server_metadata({"policy_family": "pi05"})
     adapter().check_server_metadata({"policy_family": "pi05"})
     adapter(api="openpi_websocket").check_server_metadata({})  # openpi's own metadata
+
+
+def test_a_lerobot_checkpoint_says_which_normalization_it_uses(tmp_path):
+    from safetensors.numpy import save_file
+
+    raw = json.loads(STATS.read_text())["norm_stats"]
+    flat = {
+        f"{feature}.{stat}": np.asarray(values, dtype=np.float32)
+        for feature, block in (("observation.state", raw["state"]), ("action", raw["actions"]))
+        for stat, values in block.items()
+    }
+    save_file(flat, str(tmp_path / "policy_preprocessor_step_2_normalizer_processor.safetensors"))
+    step = {
+        "registry_name": "normalizer_processor",
+        "config": {"norm_map": {"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "MEAN_STD"}},
+        "state_file": "policy_preprocessor_step_2_normalizer_processor.safetensors",
+    }
+    (tmp_path / "policy_preprocessor.json").write_text(json.dumps({"steps": [step]}))
+    with pytest.raises(ValueError, match="normalizes the state with zscore.*normalization: zscore"):
+        adapter(norm_stats_path=str(tmp_path))
+    assert (
+        adapter(norm_stats_path=str(tmp_path), normalization="zscore").stats.state_mode == "zscore"
+    )

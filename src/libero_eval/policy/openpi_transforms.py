@@ -173,6 +173,32 @@ class NormStats:
     actions: StatsBlock
     source: Path
     convention: Convention
+    # the checkpoint's own choice where it records one (LeRobot's policy_preprocessor.json
+    # norm_map), as "quantile" / "zscore" / another LeRobot mode name; None when unrecorded
+    state_mode: str | None = None
+    actions_mode: str | None = None
+
+
+LEROBOT_MODES = {"QUANTILES": "quantile", "MEAN_STD": "zscore"}
+
+
+def _lerobot_normalizer(directory: Path) -> tuple[Path, dict[str, str]] | None:
+    """The normalizer step of a LeRobot checkpoint's ``policy_preprocessor.json``: its state
+    file and its ``norm_map`` (feature type -> mode)."""
+    config_path = directory / "policy_preprocessor.json"
+    if not config_path.is_file():
+        return None
+    try:
+        steps = json.loads(config_path.read_text(encoding="utf-8")).get("steps", [])
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"{config_path} is not readable JSON ({exc})") from exc
+    for step in steps:
+        if isinstance(step, dict) and step.get("registry_name") == "normalizer_processor":
+            state_file = step.get("state_file")
+            norm_map = (step.get("config") or {}).get("norm_map") or {}
+            if state_file:
+                return directory / state_file, {str(k): str(v) for k, v in norm_map.items()}
+    return None
 
 
 def _vector(value: Any, where: str) -> np.ndarray | None:
@@ -233,6 +259,13 @@ def load_norm_stats(path: str | Path) -> NormStats:
     a LeRobot normalizer ``*.safetensors`` file, or a LeRobot ``stats.json``.
     """
     path = Path(path)
+    modes: dict[str, str] = {}
+    if path.is_dir() and (normalizer := _lerobot_normalizer(path)) is not None:
+        path, norm_map = normalizer
+        modes = {
+            block: LEROBOT_MODES.get(norm_map.get(kind, ""), norm_map.get(kind, "IDENTITY"))
+            for block, kind in (("state", "STATE"), ("actions", "ACTION"))
+        }
     if path.is_dir():
         candidates = [path / "norm_stats.json", *sorted(path.glob("*normalizer*.safetensors"))]
         found = [c for c in candidates if c.is_file()]
@@ -283,7 +316,14 @@ def load_norm_stats(path: str | Path) -> NormStats:
         actions = _block(actions_raw, f"{prefix}: actions")
     except ValueError as exc:
         raise ValueError(f"{exc}; {_STATS_FIX}") from None
-    return NormStats(state=state, actions=actions, source=path, convention=convention)
+    return NormStats(
+        state=state,
+        actions=actions,
+        source=path,
+        convention=convention,
+        state_mode=modes.get("state"),
+        actions_mode=modes.get("actions"),
+    )
 
 
 def check_stats(
@@ -291,6 +331,17 @@ def check_stats(
 ) -> None:
     """Stats usable for ``normalization`` of a ``state_dim`` state and ``action_dim`` actions."""
     keys = ("q01", "q99") if normalization == "quantile" else ("mean", "std")
+    for name, mode in (("state", stats.state_mode), ("actions", stats.actions_mode)):
+        if mode is not None and mode != normalization:
+            fix = (
+                f"set policy.pi05.normalization: {mode}"
+                if mode in LEROBOT_MODES.values()
+                else "this normalization is not supported"
+            )
+            raise ValueError(
+                f"the checkpoint's policy_preprocessor.json normalizes the {name} with {mode}, "
+                f"not {normalization}: {fix}"
+            )
     for name, block, dim in (
         ("state", stats.state, state_dim),
         ("actions", stats.actions, action_dim),
