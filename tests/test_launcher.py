@@ -196,6 +196,14 @@ def test_settings_ignore_the_section_of_the_other_backend():
             {
                 "backend": "sglang",
                 "slot": 0,
+                "sglang": {"model_path": "/m", "performance_mode": "x"},
+            },
+            r"server\.sglang\.performance_mode: expected one of auto, speed, memory, manual",
+        ),
+        (
+            {
+                "backend": "sglang",
+                "slot": 0,
                 "sglang": {"model_path": "/m", "command": ["python", "-m", "sglang.cli.main"]},
             },
             r"server\.sglang\.command: `-m sglang\.cli\.main` exits without doing anything",
@@ -277,6 +285,8 @@ def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
             "tp_size": 2,
             "batching_max_size": 16,
             "attention_backend": "flash",
+            "performance_mode": "memory",
+            "gpu_memory_cap_gib": 100,
             "extra_args": ["--seed", "1140"],
         },
     }
@@ -286,6 +296,8 @@ def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
         assert port != 0
         argv = recorded(tmp_path)["argv"]
         assert server.command == [str(FAKE_SGLANG), *argv]
+    # SGLang 0.5.23's diffusion server caps its CUDA allocator from this variable (GiB).
+    assert recorded(tmp_path)["env"]["SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB"] == "100"
     assert argv == [
         "serve",
         "--model-path",
@@ -304,6 +316,8 @@ def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
         "Cosmos3OmniDiffusersPipeline",
         "--attention-backend",
         "flash",
+        "--performance-mode",
+        "memory",
         "--seed",
         "1140",
     ]

@@ -47,6 +47,9 @@ class EnvSettings:
     reset_seeding: str = "episode"  # or "reference" (libero_eval.rollout.protocols)
     video_stride: int = 0  # >0: also render every Nth step for an episode video
     mujoco_gl: str = "egl"
+    # rollout.render_device resolved for this shard (libero_eval.rollout.render_device): the
+    # variables that make robosuite render on the planned device; checked at env start.
+    render_env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -151,6 +154,8 @@ class LiberoEpisodeEnv:
     """A LIBERO env that runs episodes under an episode protocol."""
 
     def __init__(self, settings: EnvSettings, protocol: EpisodeProtocol):
+        os.environ.update(settings.render_env)  # before robosuite is imported
+        self._render_checked = not settings.render_env
         os.environ.setdefault("MUJOCO_GL", settings.mujoco_gl)
         if settings.mujoco_gl == "egl":
             os.environ.setdefault("PYOPENGL_PLATFORM", "egl")
@@ -178,6 +183,11 @@ class LiberoEpisodeEnv:
         if self._task == (suite, task_id):
             return
         self.close()
+        if not self._render_checked:
+            from libero_eval.rollout.render_device import check_render_env
+
+            check_render_env()  # a wrong device is an error naming the variables
+            self._render_checked = True
         _dedupe_sys_path()
         from libero.libero.envs import OffScreenRenderEnv
 

@@ -17,9 +17,10 @@ from libero_eval.eventlog import log_event
 from libero_eval.faults import InjectedFault
 from libero_eval.plan import Episode
 from libero_eval.rollout.env_worker import EnvSettings
+from libero_eval.rollout.render_device import RenderDeviceError, RenderPlan, plan_render_env
 from libero_eval.rollout.runner import ClientSettings, ShardFailed, ShardSettings, run_shard
 from libero_eval.service import ParentWatch, ServiceUnavailableError, wait_for_service
-from libero_eval.settings import episode_protocol
+from libero_eval.settings import episode_protocol, server_settings
 from libero_eval.store import EpisodeStore
 
 
@@ -27,8 +28,24 @@ class ShardTerminated(BaseException):
     """The job got SIGTERM (Snakemake, scancel, or its parent died)."""
 
 
+def render_plan(config: dict[str, Any], slot: int) -> RenderPlan:
+    """Where this slot's env workers render (`rollout.render_device`), as env variables."""
+    rollout = config["rollout"]
+    return plan_render_env(
+        rollout.get("render_device", "auto"),
+        mujoco_gl=rollout["mujoco_gl"],
+        slot_gpu_ids=server_settings(config, slot)["gpu_id"],
+        backend=config["server"]["backend"],
+    )
+
+
 def shard_settings(
-    config: dict[str, Any], shard: str, slot: int, envs: int, event_log: Path | None
+    config: dict[str, Any],
+    shard: str,
+    slot: int,
+    envs: int,
+    event_log: Path | None,
+    render: RenderPlan | None = None,
 ) -> ShardSettings:
     policy, rollout = config["policy"], config["rollout"]
     videos = rollout["videos"]
@@ -45,6 +62,7 @@ def shard_settings(
             reset_seeding=rollout["reset_seeding"],
             video_stride=videos["frame_stride"] if videos["enabled"] else 0,
             mujoco_gl=rollout["mujoco_gl"],
+            render_env=dict(render.env) if render else {},
         ),
         policy_family=policy["family"],
         policy_settings=dict(policy),
@@ -89,7 +107,14 @@ def run_shard_job(
     """Run the shard; on failure log why, keep finished episodes and exit non-zero."""
     watch = _follow_parent()
     service_file = Path("results", config["run_id"], "servers", f"slot{slot}.json")
-    settings = shard_settings(config, shard, slot, envs, event_log)
+    try:
+        render = render_plan(config, slot)
+    except RenderDeviceError as exc:
+        log_event(event_log, f"rollout {shard}", f"FAILED: {exc}")
+        print(exc, file=sys.stderr)
+        raise SystemExit(1) from exc
+    log_event(event_log, f"rollout {shard}", f"env workers render on {render.description}")
+    settings = shard_settings(config, shard, slot, envs, event_log, render)
     store = EpisodeStore(store_root)
     url = ""
     resume = f"Finished episodes are kept in {store_root}; rerun the workflow to resume."

@@ -56,7 +56,14 @@ SGLANG_MANAGED_FLAGS = (
     "--pipeline-class-name",
     "--pipeline",
     "--attention-backend",
+    "--performance-mode",
+    "--mode",
 )
+# SGLang 0.5.23's diffusion server has no memory-fraction flag (--mem-fraction-static is the
+# LLM server's). This variable caps its CUDA allocator (torch.cuda.set_per_process_memory_fraction
+# in multimodal_gen/runtime/managers/gpu_worker.py); SGLang names it a test hook.
+SGLANG_MEMORY_CAP_VARIABLE = "SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB"
+SGLANG_PERFORMANCE_MODES = ("auto", "speed", "memory", "manual")
 
 
 class ServerSettingsError(ValueError):
@@ -180,6 +187,8 @@ class SglangServerSettings:
     batching_max_size: int = 8
     pipeline_class_name: str = DEFAULT_PIPELINE_CLASS
     attention_backend: str | None = None
+    performance_mode: str | None = None  # --performance-mode; None keeps SGLang's (auto)
+    gpu_memory_cap_gib: float | None = None  # SGLANG_MEMORY_CAP_VARIABLE; None = no cap
     extra_args: list[str] = field(default_factory=list)
 
     @classmethod
@@ -210,6 +219,12 @@ class SglangServerSettings:
                 )
         num_gpus = _get_int(data, "num_gpus", where, 1, 1)
         tp_size = _get_int(data, "tp_size", where, 1, 1)
+        performance_mode = _get_str(data, "performance_mode", where, None)
+        if performance_mode is not None and performance_mode not in SGLANG_PERFORMANCE_MODES:
+            raise ServerSettingsError(
+                f"{where}.performance_mode: expected one of "
+                f"{', '.join(SGLANG_PERFORMANCE_MODES)} or null, got {performance_mode!r}"
+            )
         if tp_size > num_gpus:
             raise ServerSettingsError(
                 f"{where}.tp_size: {tp_size} exceeds {where}.num_gpus ({num_gpus})"
@@ -224,6 +239,8 @@ class SglangServerSettings:
                 data, "pipeline_class_name", where, DEFAULT_PIPELINE_CLASS
             ),
             attention_backend=_get_str(data, "attention_backend", where, None),
+            performance_mode=performance_mode,
+            gpu_memory_cap_gib=_get_float(data, "gpu_memory_cap_gib", where, None, 0.0, True),
             extra_args=extra_args,
         )
 
@@ -423,6 +440,8 @@ def build_command(settings: ServerSettings) -> list[str]:
     cmd += ["--pipeline-class-name", sgl.pipeline_class_name]
     if sgl.attention_backend is not None:
         cmd += ["--attention-backend", sgl.attention_backend]
+    if sgl.performance_mode is not None:
+        cmd += ["--performance-mode", sgl.performance_mode]
     return cmd + list(sgl.extra_args)
 
 
@@ -443,6 +462,8 @@ def build_env(settings: ServerSettings, base: Mapping[str, str] | None = None) -
         env["CUDA_VISIBLE_DEVICES"] = str(settings.gpu_id)
     elif settings.gpu_id is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in settings.gpu_id)
+    if settings.sglang is not None and settings.sglang.gpu_memory_cap_gib is not None:
+        env[SGLANG_MEMORY_CAP_VARIABLE] = f"{settings.sglang.gpu_memory_cap_gib:g}"
     env.update(settings.extra_env)
     return env
 
