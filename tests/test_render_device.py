@@ -78,13 +78,13 @@ def test_a_fixed_device_index_is_a_gpu_index_mapped_the_same_way():
 
 def test_cpu_hides_the_gpus_and_renders_with_mesa():
     egl_env = plan("cpu").env
-    assert egl_env["CUDA_VISIBLE_DEVICES"] == ""
     assert egl_env["__EGL_VENDOR_LIBRARY_FILENAMES"].endswith("50_mesa.json")
-    assert "MUJOCO_EGL_DEVICE_ID" not in egl_env
+    # Mesa lists its software device first; robosuite's assert wants the id in CUDA's list.
+    assert egl_env["MUJOCO_EGL_DEVICE_ID"] == egl_env["CUDA_VISIBLE_DEVICES"] == "0"
     osmesa_env = plan("cpu", mujoco_gl="osmesa").env
     assert osmesa_env["MUJOCO_GL"] == osmesa_env["PYOPENGL_PLATFORM"] == "osmesa"
     check_render_env(egl_env, list_egl=lambda: [EglDevice(0, software=True)])
-    with pytest.raises(RenderDeviceError, match="cpu, but EGL device 0 is #0 PCI"):
+    with pytest.raises(RenderDeviceError, match="cpu, but EGL device 0 is #0 PCI 0000:9d"):
         check_render_env(egl_env, list_egl=lambda: EGL_BY_PCI)
 
 
@@ -126,6 +126,8 @@ def test_the_check_at_env_start_names_the_variables_that_pick_another_device():
 def test_robosuite_reads_cuda_visible_devices_as_an_egl_index_when_no_id_is_set():
     assert robosuite_egl_index({}) == 0
     assert robosuite_egl_index({"CUDA_VISIBLE_DEVICES": "2,3"}) == 2
+    with pytest.raises(RenderDeviceError, match="CUDA_VISIBLE_DEVICES='' as an EGL device"):
+        robosuite_egl_index({"CUDA_VISIBLE_DEVICES": ""})  # robosuite: int('') fails
     with pytest.raises(RenderDeviceError, match="CUDA_VISIBLE_DEVICES='GPU-1234'"):
         robosuite_egl_index({"CUDA_VISIBLE_DEVICES": "GPU-1234"})
 
@@ -133,3 +135,32 @@ def test_robosuite_reads_cuda_visible_devices_as_an_egl_index_when_no_id_is_set(
 def test_pci_bus_ids_compare_across_spellings():
     assert normalize_pci_bus_id("00000000:1B:00.0") == normalize_pci_bus_id("0000:1b:00.0")
     assert normalize_pci_bus_id("1b:00.0") == "0000:1b:00.0"
+
+
+@pytest.mark.libero
+def test_env_workers_render_where_the_plan_says_or_fail_naming_the_variables():
+    """A real env worker: the cpu plan renders (llvmpipe here); a device that EGL does not
+    list fails the episode at env start with the variables named."""
+    from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeSpec
+    from libero_eval.rollout.protocols import get_protocol
+
+    protocol = get_protocol("openpi", max_steps_override=1)
+    cases = {
+        "cpu": plan_render_env("cpu", mujoco_gl="egl", slot_gpu_ids=None, backend="sglang").env,
+        "missing": {"MUJOCO_GL": "egl", "MUJOCO_EGL_DEVICE_ID": "7", "CUDA_VISIBLE_DEVICES": "7"},
+    }
+    replies = {}
+    for name, render_env in cases.items():
+        settings = EnvSettings(camera_size=32, render_mode="every_step", render_env=render_env)
+        worker = EnvWorker(0, settings, protocol)
+        try:
+            worker.send("start", EpisodeSpec("libero_spatial", 0, 0))
+            replies[name] = worker.receive()
+        finally:
+            worker.stop()
+    status, observation = replies["cpu"]
+    assert status == "ok", str(observation)[-1500:]
+    assert observation.agentview.shape == (32, 32, 3) and observation.agentview.any()
+    status, message = replies["missing"]
+    assert status == "error"
+    assert "EGL device 7 does not exist" in message and "MUJOCO_EGL_DEVICE_ID='7'" in message

@@ -11,7 +11,8 @@ GPU's UUID and PCI bus id come from `nvidia-smi`.
 robosuite also asserts that `MUJOCO_EGL_DEVICE_ID` appears in `CUDA_VISIBLE_DEVICES` when the
 latter is set (`robosuite/utils/binding_utils.py`). Env workers run no CUDA code, so they get
 `CUDA_VISIBLE_DEVICES` set to the EGL index itself, which satisfies the assert and keeps
-robosuite's fallback pointing at the same device.
+robosuite's fallback pointing at the same device (an empty `CUDA_VISIBLE_DEVICES` would make
+robosuite fail: it parses "" as a device list).
 
 `plan_render_env` runs once per shard (it queries the devices) and returns the variables for
 the env workers; `check_render_env` runs in each worker before the env is built and fails with
@@ -258,9 +259,10 @@ def _cpu_plan(mujoco_gl: str, vendor_files: list[str]) -> RenderPlan:
     env = {
         "MUJOCO_GL": "egl",
         "PYOPENGL_PLATFORM": "egl",
-        # Only Mesa's EGL: its first device is llvmpipe when no GPU it can drive is present.
+        # Only Mesa's EGL, whose first device is always its software one (llvmpipe).
         "__EGL_VENDOR_LIBRARY_FILENAMES": ":".join(vendor_files),
-        "CUDA_VISIBLE_DEVICES": "",
+        "MUJOCO_EGL_DEVICE_ID": "0",
+        "CUDA_VISIBLE_DEVICES": "0",  # robosuite's assert; env workers run no CUDA code
         EXPECTED_DEVICE_VARIABLE: "software",
     }
     return RenderPlan("CPU (Mesa llvmpipe through EGL)", env)
@@ -271,24 +273,24 @@ def _cpu_plan(mujoco_gl: str, vendor_files: list[str]) -> RenderPlan:
 
 def robosuite_egl_index(environ: Mapping[str, str]) -> int:
     """The EGL device index robosuite 1.4 will open (its egl_context/binding_utils rules)."""
-    visible = environ.get("CUDA_VISIBLE_DEVICES", "")
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
     chosen = environ.get("MUJOCO_EGL_DEVICE_ID")
-    if visible != "" and chosen is not None and not (chosen.isdigit() and chosen in visible):
+    if visible and chosen is not None and not (chosen.isdigit() and chosen in visible):
         raise RenderDeviceError(
             f"MUJOCO_EGL_DEVICE_ID={chosen!r} does not appear in CUDA_VISIBLE_DEVICES="
             f"{visible!r}: robosuite asserts it does (robosuite/utils/binding_utils.py). "
             "Let rollout.render_device set both."
         )
-    selected = visible if chosen is None else chosen
-    if selected == "" and chosen is None:
+    selected = chosen if chosen is not None else visible
+    if selected is None:
         return 0
     first = selected.split(",")[0].strip()
     if not first.isdigit():
         variable = "MUJOCO_EGL_DEVICE_ID" if chosen is not None else "CUDA_VISIBLE_DEVICES"
         raise RenderDeviceError(
             f"robosuite reads {variable}={selected!r} as an EGL device index, and "
-            f"{first!r} is not one; set "
-            "rollout.render_device so MUJOCO_EGL_DEVICE_ID is set explicitly"
+            f"{first!r} is not one; set rollout.render_device so MUJOCO_EGL_DEVICE_ID is "
+            "set explicitly"
         )
     return int(first)
 
