@@ -6,7 +6,9 @@ Every tool runs the same episodes: one suite and task, init states 0..E-1, env s
 (`env.seed(7)`), 256x256 agentview + wrist cameras, 10 settle steps with `[0]*6 + [-1]`, then N
 steps of one fixed, seeded action sequence (gripper +-1, so vla-eval's gripper snapping changes
 nothing), stopping at success. The policy is that replay, called in-process by each tool's own
-loop, so the comparison measures the evaluation machinery and not a model or a transport:
+loop, so the comparison measures the evaluation machinery and not a model or a transport.
+With --policy expert the sequence is instead the scripted expert's, recorded per init state on a
+physics-only env first, so that episodes succeed and the success steps can be compared:
 
   ours      `LiberoEpisodeEnv` (what each env worker process of a rollout shard runs), fed
             chunks of 16 actions; it renders the cameras only when an observation is due
@@ -102,6 +104,56 @@ def versions() -> dict[str, str]:
     return found
 
 
+def record_expert_actions(
+    suite_name: str, task_id: int, init_states: list[int], steps: int
+) -> tuple[np.ndarray, list[int | None]]:
+    """The scripted expert's actions per init state, recorded on a physics-only LIBERO env
+    seeded like the tools' envs (seed 7 once, then reset per episode); gripper snapped to +-1.
+    After a success the rest is the hold action. Returns the actions and the success steps."""
+    sys.path.insert(0, str(REPO_ROOT / "src"))
+    from libero.libero import benchmark, get_libero_path
+    from libero.libero.envs.env_wrapper import ControlEnv
+
+    from libero_eval.rollout.privileged import privileged_state
+    from libero_eval.servers.policies.base import PolicyItem
+    from libero_eval.servers.policies.scripted import ScriptedExpertPolicy
+
+    suite = benchmark.get_benchmark_dict()[suite_name]()
+    task = suite.get_task(task_id)
+    bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
+    env = ControlEnv(
+        bddl_file_name=bddl, has_renderer=False, has_offscreen_renderer=False, use_camera_obs=False
+    )
+    env.seed(SEED)
+    hold = np.array([0.0] * 6 + [-1.0])
+    policy, image = ScriptedExpertPolicy(), np.zeros((8, 8, 3), dtype=np.uint8)
+    all_actions, success_steps = [], []
+    for init_state in init_states:
+        env.reset()
+        obs = env.set_init_state(suite.get_task_init_states(task_id)[init_state])
+        for _ in range(SETTLE_STEPS):
+            obs, _, _, _ = env.step(hold)
+        actions: list[np.ndarray] = []
+        success_at = None
+        while len(actions) < steps and success_at is None:
+            state = json.loads(json.dumps(privileged_state(env, obs)))
+            item = PolicyItem(image=image, prompt=task.language, privileged_state=state)
+            for action in policy.act([item], CHUNK)[0]:
+                action = np.asarray(action, dtype=np.float64).copy()
+                action[6] = -1.0 if action[6] < 0 else 1.0
+                obs, _, done, _ = env.step(action)
+                actions.append(action)
+                if done:
+                    success_at = len(actions)
+                if done or len(actions) >= steps:
+                    break
+        actions += [hold] * (steps - len(actions))
+        all_actions.append(np.stack(actions))
+        success_steps.append(success_at)
+    env.close()
+    return np.stack(all_actions), success_steps
+
+
 # -- the three workers ------------------------------------------------------------------------
 
 
@@ -125,12 +177,12 @@ def run_ours(spec: dict[str, Any], actions: np.ndarray, render_mode: str) -> lis
     settings = EnvSettings(camera_size=SIZE, render_mode=render_mode, env_seed=SEED)
     env = LiberoEpisodeEnv(settings, protocol)
     episodes = []
-    for init_state in spec["init_states"]:
+    for index, init_state in enumerate(spec["init_states"]):
         mark()
         env.start_episode(EpisodeSpec(spec["suite"], spec["task"], init_state))
         result: Any = None
         for start in range(0, spec["steps"], CHUNK):
-            result = env.step_chunk(actions[start : start + CHUNK])
+            result = env.step_chunk(actions[index, start : start + CHUNK])
             if isinstance(result, EpisodeOutcome):
                 break
         assert isinstance(result, EpisodeOutcome)
@@ -160,12 +212,14 @@ def run_vla_eval(spec: dict[str, Any], actions: np.ndarray) -> list[dict]:
 
         def __init__(self) -> None:
             self.step = 0
+            self.episode = -1
 
         async def start_episode(self, payload: dict) -> None:
             self.step = 0
+            self.episode += 1
 
         async def act(self, observation: dict) -> dict:
-            action = actions[self.step]
+            action = actions[self.episode, self.step]
             self.step += 1
             return {"actions": action}
 
@@ -220,12 +274,15 @@ def run_lerobot(spec: dict[str, Any], actions: np.ndarray) -> list[dict]:
         def __init__(self) -> None:
             super().__init__()
             self.step = 0
+            self.episode = -1
 
         def reset(self) -> None:
             self.step = 0
+            self.episode += 1
 
         def select_action(self, batch: dict) -> torch.Tensor:
-            action = torch.as_tensor(actions[self.step], dtype=torch.float32)[None]
+            action = actions[self.episode, self.step]
+            action = torch.as_tensor(action, dtype=torch.float32)[None]
             self.step += 1
             return action
 
@@ -358,6 +415,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--steps", type=int, default=96, help="policy steps after settling")
     parser.add_argument("--action-seed", type=int, default=0)
+    parser.add_argument(
+        "--policy",
+        choices=["replay", "expert"],
+        default="replay",
+        help="replay: one seeded random sequence for every episode; expert: the scripted "
+        "expert's actions per init state, recorded first on a physics-only env, so that the "
+        "episodes succeed and the tools' success steps can be compared",
+    )
     parser.add_argument("--python", default=sys.executable, help="this project's Python")
     parser.add_argument("--vla-eval-python", help="Python of the vla-eval 0.8.0 virtualenv")
     parser.add_argument("--lerobot-python", help="Python of the LeRobot 0.6.1 virtualenv")
@@ -379,11 +444,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     workdir = Path(tempfile.mkdtemp(prefix="peers-"))
     actions_path = workdir / "actions.npy"
-    np.save(actions_path, replay_actions(args.action_seed, args.steps))
+    init_states = list(range(args.episodes + 1))
+    if args.policy == "expert":
+        print("recording the scripted expert's actions ...", file=sys.stderr, flush=True)
+        actions, expert_success = record_expert_actions(
+            args.suite, args.task, init_states, args.steps
+        )
+        print(f"expert success steps while recording: {expert_success}", file=sys.stderr)
+    else:
+        actions = np.stack([replay_actions(args.action_seed, args.steps)] * len(init_states))
+    np.save(actions_path, actions)
     spec = {
         "suite": args.suite,
         "task": args.task,
-        "init_states": list(range(args.episodes + 1)),
+        "init_states": init_states,
+        "policy": args.policy,
         "steps": args.steps,
         "actions": str(actions_path),
     }
@@ -409,20 +484,23 @@ def main(argv: list[str] | None = None) -> int:
     )
     header = (
         "| tool | episodes/hour | env steps/s | CPU s/episode | peak RSS MiB (1 env) "
-        "| wall s (episode 0, process) | outcome vs ours (init states 0..E) |"
+        "| wall s (episode 0, process) | success step per episode | outcome vs ours |"
     )
-    print(header + "\n|---|---|---|---|---|---|---|")
+    print(header + "\n|---|---|---|---|---|---|---|---|")
     for report in reports:
         if "error" in report:
-            print(f"| {report['tool']} | error: {report['error']} | | | | | |")
+            print(f"| {report['tool']} | error: {report['error']} | | | | | | |")
             continue
         wall = report["wall_s"]
         env_steps = sum(SETTLE_STEPS + e["policy_steps"] for e in report["episodes"][1:])
+        outcomes = ", ".join(
+            str(e["policy_steps"]) if e["success"] else "-" for e in report["episodes"]
+        )
         print(
             f"| {report['tool']} | {3600 * args.episodes / wall:.0f} | {env_steps / wall:.1f} | "
             f"{report['cpu_s'] / args.episodes:.1f} | {report['peak_rss_mib']:.0f} | "
             f"{wall:.0f} ({report['first_episode_wall_s']:.0f}, {report['process_wall_s']:.0f}) "
-            f"| {compare(reference, report)} |"
+            f"| {outcomes} | {compare(reference, report)} |"
         )
     print("\nversions:")
     for report in reports:
