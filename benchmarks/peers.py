@@ -377,7 +377,9 @@ def run_tool(tool: str, python: str, spec_path: Path, workdir: Path) -> dict[str
     if proc.returncode != 0 or not out_path.exists():
         log = workdir / f"{tool}.log"
         log.write_text(proc.stdout + proc.stderr)
-        errors = [line for line in proc.stderr.splitlines() if "Error:" in line]
+        errors = [  # robosuite's EGL teardown noise is not the failure
+            line for line in proc.stderr.splitlines() if "Error:" in line and "EGL" not in line
+        ]
         tail = errors[-1] if errors else proc.stderr.strip().splitlines()[-1:]
         tail = f"{tail} (full log: {log})"
         return {"tool": tool, "error": f"exit {proc.returncode}: {tail}"}
