@@ -111,19 +111,16 @@ def record_expert_actions(
     seeded like the tools' envs (seed 7 once, then reset per episode); gripper snapped to +-1.
     After a success the rest is the hold action. Returns the actions and the success steps."""
     sys.path.insert(0, str(REPO_ROOT / "src"))
-    from libero.libero import benchmark, get_libero_path
-    from libero.libero.envs.env_wrapper import ControlEnv
+    from libero.libero import benchmark
 
+    from libero_eval.rollout.env_worker import physics_only_env
     from libero_eval.rollout.privileged import privileged_state
     from libero_eval.servers.policies.base import PolicyItem
     from libero_eval.servers.policies.scripted import ScriptedExpertPolicy
 
     suite = benchmark.get_benchmark_dict()[suite_name]()
     task = suite.get_task(task_id)
-    bddl = os.path.join(get_libero_path("bddl_files"), task.problem_folder, task.bddl_file)
-    env = ControlEnv(
-        bddl_file_name=bddl, has_renderer=False, has_offscreen_renderer=False, use_camera_obs=False
-    )
+    env = physics_only_env(suite_name, task_id)
     env.seed(SEED)
     hold = np.array([0.0] * 6 + [-1.0])
     policy, image = ScriptedExpertPolicy(), np.zeros((8, 8, 3), dtype=np.uint8)
@@ -170,11 +167,15 @@ def run_ours(spec: dict[str, Any], actions: np.ndarray, render_mode: str) -> lis
     protocol = EpisodeProtocol(
         name="peers",
         settle_steps=SETTLE_STEPS,
+        settle_within_limit=False,  # 10 settle steps on top of N policy steps, as the peers
         count_settle_steps=False,
         stop_at_success=True,
+        seed=SEED,
         default_max_steps=spec["steps"],
     )
-    settings = EnvSettings(camera_size=SIZE, render_mode=render_mode, env_seed=SEED)
+    # "reference": numpy's stream seeded once per task, resets in init-state order (= the
+    # peers' env.seed(7) at env creation, then one reset per episode).
+    settings = EnvSettings(camera_size=SIZE, render_mode=render_mode, reset_seeding="reference")
     env = LiberoEpisodeEnv(settings, protocol)
     episodes = []
     for index, init_state in enumerate(spec["init_states"]):
