@@ -105,15 +105,15 @@ def run_shard_job(
     envs: int,
 ) -> None:
     """Run the shard; on failure log why, keep finished episodes and exit non-zero."""
-    watch = _follow_parent()
-    service_file = Path("results", config["run_id"], "servers", f"slot{slot}.json")
     try:
-        render = render_plan(config, slot)
+        render = render_plan(config, slot)  # before any env starts: a wrong device fails here
     except RenderDeviceError as exc:
         log_event(event_log, f"rollout {shard}", f"FAILED: {exc}")
         print(exc, file=sys.stderr)
         raise SystemExit(1) from exc
     log_event(event_log, f"rollout {shard}", f"env workers render on {render.description}")
+    watch = _follow_parent()
+    service_file = Path("results", config["run_id"], "servers", f"slot{slot}.json")
     settings = shard_settings(config, shard, slot, envs, event_log, render)
     store = EpisodeStore(store_root)
     url = ""
