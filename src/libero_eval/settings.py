@@ -21,35 +21,13 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the field and the fix."""
 
 
-# Policy fields of one family only; the schema gives every field a default, so the check that a
-# config sets no field of the other family runs on the config as written (check_family_fields).
-COSMOS3_POLICY_FIELDS = (
-    "action_mode",
-    "raw_action_dim",
-    "action_dim",
-    "num_action_chunks",
-    "num_frames",
-    "fps",
-    "action_fps",
-    "action_view_point",
-    "num_inference_steps",
-    "size",
-    "seed",
-    "guidance_scale",
-    "domain_name",
-    "action_stats_path",
-    "normalization",
-    "gripper_mapping",
-    "orthonormalization",
-    "transport",
-    "response_format",
-)
 FAMILY_SECTIONS = {"pi05": "pi05"}  # family -> its own policy subsection
 PI05_PIPELINE_CLASS = "Pi05Pipeline"
 
 
 def check_family_fields(config: dict[str, Any]) -> None:
-    """Reject settings of the other model family; call BEFORE schema validation fills defaults.
+    """Reject settings of the other model family; call BEFORE schema validation fills defaults
+    (the schema gives every field a default, so this runs on the config as written).
 
     A π0.5 config carries its settings under ``policy.pi05``; a Cosmos3 config carries them
     directly under ``policy``.
@@ -59,6 +37,8 @@ def check_family_fields(config: dict[str, Any]) -> None:
         return  # the schema reports it
     family = policy.get("family", "cosmos3")
     if family == "pi05":
+        from libero_eval.policy.adapters.cosmos3 import POLICY_FIELDS as COSMOS3_POLICY_FIELDS
+
         foreign = [key for key in COSMOS3_POLICY_FIELDS if key in policy]
         if foreign:
             raise ConfigError(

@@ -54,6 +54,9 @@ REQUIRED_SETTINGS = (
     "transport",
     "response_format",
 )
+# Every `policy.*` field of this family (the others are optional), so the config check can
+# refuse them under another family.
+POLICY_FIELDS = (*REQUIRED_SETTINGS, "guidance_scale")
 CHOICES = {
     "action_mode": ("policy",),
     "normalization": tuple(action_math.NORMALIZATION_BLOCKS),
