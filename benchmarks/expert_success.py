@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from libero_eval.rollout.env_worker import physics_only_env
     from libero_eval.rollout.privileged import privileged_state
-    from libero_eval.rollout.protocols import episode_seed, get_protocol
+    from libero_eval.rollout.protocols import get_protocol, reset_seed_of
     from libero_eval.servers.policies.base import PolicyItem
     from libero_eval.servers.policies.scripted import ScriptedExpertPolicy
 
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         init_states = suite.get_task_init_states(task_id)
         for trial in range(args.first_trial, args.first_trial + args.trials):
             init_state_id = trial % len(init_states)
-            np.random.seed(episode_seed(protocol.seed, args.suite, task_id, init_state_id))
+            np.random.seed(reset_seed_of(protocol, "episode", args.suite, task_id, init_state_id))
             env.reset()
             obs = env.set_init_state(init_states[init_state_id])
             settle = np.zeros(7)
