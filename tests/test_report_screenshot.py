@@ -20,6 +20,7 @@ import imageio.v3 as iio
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import make_record
 from PIL import Image
 
 from libero_eval.store import RESULT_COLUMNS, write_frame
@@ -72,24 +73,23 @@ def write_baseline(path: Path) -> None:
     for index, (task_id, init) in enumerate([(0, 0), (1, 0), (0, 1), (1, 1)]):
         success = (task_id, init) == (0, 1)
         rows.append(
-            {
-                **dict.fromkeys(RESULT_COLUMNS),
-                "run_id": BASELINE,
-                "suite": "libero_spatial",
-                "task_id": task_id,
-                "init_state_id": init,
-                "seed": 1140,
-                "protocol": "rlinf",
-                "success_once": success,
-                "success_at_end": success,
-                "first_success_step": 20 if success else None,
-                "steps": 32,
-                "policy_calls": 2,
-                "wall_time_s": 10.0,
-                "server_slot": 0,
-                "shard": "shard000",
-                "finished_at": 1_700_000_000.0 + index,
-            }
+            make_record(
+                run_id=BASELINE,
+                task_id=task_id,
+                task_language=None,
+                init_state_id=init,
+                success_once=success,
+                success_at_end=success,
+                first_success_step=20 if success else None,
+                steps=32,
+                policy_calls=2,
+                policy_latency_mean_s=None,
+                policy_latency_p50_s=None,
+                policy_latency_p95_s=None,
+                wall_time_s=10.0,
+                server_url=None,
+                finished_at=1_700_000_000.0 + index,
+            )
         )
     path.parent.mkdir(parents=True)
     write_frame(pd.DataFrame(rows, columns=RESULT_COLUMNS), path)
