@@ -46,6 +46,7 @@ def export_scene(path: Path, suite: str, task_id: int, size: int) -> None:
     env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=size, camera_widths=size)
     env.reset()
     model = env.sim.model._model
+    path.parent.mkdir(parents=True, exist_ok=True)
     mujoco.mj_saveModel(model, str(path), None)
     print(
         f"saved {suite} task {task_id} ({language}) to {path}: {path.stat().st_size / 2**20:.1f} "
