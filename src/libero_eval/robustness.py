@@ -253,6 +253,12 @@ def _interval(low: float, high: float) -> str:
     return f" [{100 * low:.0f}, {100 * high:.0f}]"
 
 
+def _rate_cells(t: pd.DataFrame, side: str) -> list[str]:
+    """`side`'s rate with its Wilson interval and episode count, one cell per row."""
+    columns = (t[f"{side}_rate"], t[f"{side}_ci_low"], t[f"{side}_ci_high"], t[f"n_{side}"])
+    return [f"{_pct(r)}{_interval(lo, hi)} (n={n})" for r, lo, hi, n in zip(*columns, strict=True)]
+
+
 def display_table(result: Robustness) -> pd.DataFrame:
     """The table as strings for Markdown and HTML."""
     t = result.table
@@ -263,26 +269,8 @@ def display_table(result: Robustness) -> pd.DataFrame:
             "perturbation": t["perturbation"],
             "task": ["all" if pd.isna(task) else str(task) for task in t["task_id"]],
             "paired": np.where(t["paired"], "paired", "unpaired"),
-            f"clean ({level} Wilson)": [
-                f"{_pct(r)}{_interval(lo, hi)} (n={n})"
-                for r, lo, hi, n in zip(
-                    t["clean_rate"],
-                    t["clean_ci_low"],
-                    t["clean_ci_high"],
-                    t["n_clean"],
-                    strict=True,
-                )
-            ],
-            f"perturbed ({level} Wilson)": [
-                f"{_pct(r)}{_interval(lo, hi)} (n={n})"
-                for r, lo, hi, n in zip(
-                    t["perturbed_rate"],
-                    t["perturbed_ci_low"],
-                    t["perturbed_ci_high"],
-                    t["n_perturbed"],
-                    strict=True,
-                )
-            ],
+            f"clean ({level} Wilson)": _rate_cells(t, "clean"),
+            f"perturbed ({level} Wilson)": _rate_cells(t, "perturbed"),
             f"difference, points ({level} bootstrap CI if paired)": [
                 f"{_points(d)}{_interval(lo, hi) if paired else ''}"
                 for d, lo, hi, paired in zip(

@@ -821,15 +821,15 @@ class ReferenceServer:
             actions[index, :, :MODEL_ACTION_DIM] = libero_to_model_chunk(chunk, self.stats)
         return actions
 
-    async def generate(self, request: GenerationRequest) -> dict[str, Any]:
-        """Run one request, serialized with all others, taking at least the modelled latency;
-        returns the SGLang pipeline output dict."""
+    async def _serialized(self, compute, batch_size: int) -> tuple[np.ndarray, float, float]:
+        """Run `compute()` serialized with all other requests, taking at least the modelled
+        latency of `batch_size` items; counts it. Returns (actions, latency, queued) seconds."""
         arrived = time.perf_counter()
         async with self._lock:
             started = time.perf_counter()
             try:
-                actions = await asyncio.to_thread(self.compute_actions, request)
-                remaining = self.latency_s(request.batch_size) - (time.perf_counter() - started)
+                actions = await asyncio.to_thread(compute)
+                remaining = self.latency_s(batch_size) - (time.perf_counter() - started)
                 if remaining > 0:
                     await asyncio.sleep(remaining)
             finally:
@@ -837,13 +837,21 @@ class ReferenceServer:
                 self.busy_s += finished - started
                 self.queue_wait_s += started - arrived
         self.requests += 1
-        self.items += request.batch_size
+        self.items += batch_size
+        return actions, finished - started, started - arrived
+
+    async def generate(self, request: GenerationRequest) -> dict[str, Any]:
+        """Run one request, serialized with all others, taking at least the modelled latency;
+        returns the SGLang pipeline output dict."""
+        actions, latency, queued = await self._serialized(
+            lambda: self.compute_actions(request), request.batch_size
+        )
         logger.info(
             "generation request_id=%s batch=%d latency=%.3fs queued=%.3fs",
             request.request_id,
             request.batch_size,
-            finished - started,
-            started - arrived,
+            latency,
+            queued,
         )
         return {
             "request_id": request.request_id,
@@ -881,20 +889,9 @@ class ReferenceServer:
         self, request: pi05.Pi05Request, model_space: bool = True
     ) -> dict[str, Any]:
         """One π0.5 request, serialized like :meth:`generate`; SGLang's π0.5 output dict."""
-        arrived = time.perf_counter()
-        async with self._lock:
-            started = time.perf_counter()
-            try:
-                actions = await asyncio.to_thread(self.compute_pi05_actions, request, model_space)
-                remaining = self.latency_s(1) - (time.perf_counter() - started)
-                if remaining > 0:
-                    await asyncio.sleep(remaining)
-            finally:
-                finished = time.perf_counter()
-                self.busy_s += finished - started
-                self.queue_wait_s += started - arrived
-        self.requests += 1
-        self.items += 1
+        actions, _latency, _queued = await self._serialized(
+            lambda: self.compute_pi05_actions(request, model_space), 1
+        )
         return pi05.output(request, actions)
 
     def counters(self) -> dict[str, Any]:
