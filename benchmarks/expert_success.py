@@ -82,11 +82,11 @@ def main(argv: list[str] | None = None) -> int:
         load_action_stats,
         model_chunk_to_libero,
     )
+    from libero_eval.reference.policies.base import PolicyItem
+    from libero_eval.reference.policies.scripted import ScriptedExpertPolicy
     from libero_eval.rollout.env_worker import physics_only_env
     from libero_eval.rollout.privileged import privileged_state
     from libero_eval.rollout.protocols import get_protocol, reset_seed_of
-    from libero_eval.servers.policies.base import PolicyItem
-    from libero_eval.servers.policies.scripted import ScriptedExpertPolicy
 
     protocol = get_protocol(args.protocol, args.max_steps)
     max_steps = protocol.policy_steps_for(args.suite)

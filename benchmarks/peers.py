@@ -113,10 +113,10 @@ def record_expert_actions(
     sys.path.insert(0, str(REPO_ROOT / "src"))
     from libero.libero import benchmark
 
+    from libero_eval.reference.policies.base import PolicyItem
+    from libero_eval.reference.policies.scripted import ScriptedExpertPolicy
     from libero_eval.rollout.env_worker import physics_only_env
     from libero_eval.rollout.privileged import privileged_state
-    from libero_eval.servers.policies.base import PolicyItem
-    from libero_eval.servers.policies.scripted import ScriptedExpertPolicy
 
     suite = benchmark.get_benchmark_dict()[suite_name]()
     task = suite.get_task(task_id)

@@ -573,7 +573,7 @@ def run_cell(
 
 
 def section_bc(args: argparse.Namespace, env_result: EnvResult | None) -> dict[str, Any]:
-    from libero_eval.servers.reference import ReferenceServerSettings, serve_in_thread
+    from libero_eval.reference.server import ReferenceServerSettings, serve_in_thread
 
     settings = ReferenceServerSettings(
         action_stats_path=STATS,
@@ -688,7 +688,7 @@ def _transport_costs(
     from libero_eval.policy.actions import preprocess_observation_image
     from libero_eval.policy.adapters import make_adapter
     from libero_eval.policy.client import PolicyClient
-    from libero_eval.servers.reference import (
+    from libero_eval.reference.server import (
         ReferenceServerSettings,
         decode_body,
         generation_envelope,

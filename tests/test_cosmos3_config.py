@@ -45,7 +45,7 @@ def test_seed_dry_run_has_one_sglang_server_per_gpu_and_its_shards(tmp_path, mod
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out, flags=re.M))
     assert counts["serve"] == "8"
     assert counts["rollout"] == "8"
-    commands = [line for line in out.splitlines() if "libero_eval.servers.launch" in line]
+    commands = [line for line in out.splitlines() if "libero_eval.serve.job" in line]
     assert len(commands) == 8
     settings = [
         json.loads(shlex.split(c)[shlex.split(c).index("--settings") + 1]) for c in commands

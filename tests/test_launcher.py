@@ -23,8 +23,8 @@ import psutil
 import pytest
 import requests
 
-from libero_eval.servers.launch import load_settings
-from libero_eval.servers.launcher import (
+from libero_eval.serve.job import load_settings
+from libero_eval.serve.launcher import (
     ManagedServer,
     ServerSettings,
     ServerSettingsError,
@@ -252,7 +252,7 @@ def test_reference_command_passes_every_configured_flag():
     assert build_command(settings) == [
         sys.executable,
         "-m",
-        "libero_eval.servers.reference",
+        "libero_eval.reference.server",
         "--host",
         "127.0.0.1",
         "--port",
@@ -481,7 +481,7 @@ def launch_command(tmp_path: Path, settings: dict[str, Any]) -> list[str]:
     return [
         sys.executable,
         "-m",
-        "libero_eval.servers.launch",
+        "libero_eval.serve.job",
         "--settings",
         json.dumps(settings),
         "--service-file",

@@ -16,7 +16,7 @@ import pytest
 from test_launcher import survivors, wait_for_pids
 
 from libero_eval.policy.ws_client import WebsocketPolicyClient
-from libero_eval.servers.launcher import (
+from libero_eval.serve.launcher import (
     ManagedServer,
     ServerSettings,
     ServerSettingsError,

@@ -119,7 +119,7 @@ def test_pi05_sglang_dry_run_has_one_pi05_server_per_gpu(tmp_path):
     assert result.returncode == 0, out[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out, flags=re.M))
     assert counts["serve"] == "8"
-    commands = [line for line in out.splitlines() if "libero_eval.servers.launch" in line]
+    commands = [line for line in out.splitlines() if "libero_eval.serve.job" in line]
     slots = [json.loads(shlex.split(c)[shlex.split(c).index("--settings") + 1]) for c in commands]
     assert sorted(s["gpu_id"] for s in slots) == list(range(8))
     assert {s["sglang"]["pipeline_class_name"] for s in slots} == {"Pi05Pipeline"}

@@ -23,14 +23,14 @@ import requests
 from PIL import Image
 
 from libero_eval.policy import codec
-from libero_eval.servers import policies
-from libero_eval.servers.policies import (
+from libero_eval.reference import policies
+from libero_eval.reference.policies import (
     HoldPolicy,
     PolicyItem,
     ServerPolicy,
     make_server_policy,
 )
-from libero_eval.servers.reference import ReferenceServerSettings, serve_in_thread
+from libero_eval.reference.server import ReferenceServerSettings, serve_in_thread
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STATS_PATH = REPO_ROOT / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
@@ -639,7 +639,7 @@ def free_port() -> int:
 
 
 def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "libero_eval.servers.reference", *args]
+    return [sys.executable, "-m", "libero_eval.reference.server", *args]
 
 
 def test_cli_serves_health_and_logs_one_line_per_request(tmp_path):

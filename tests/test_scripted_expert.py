@@ -14,8 +14,8 @@ from libero_eval.policy.actions import (
     load_action_stats,
     model_chunk_to_libero,
 )
-from libero_eval.servers.policies.base import PolicyItem
-from libero_eval.servers.policies.scripted import (
+from libero_eval.reference.policies.base import PolicyItem
+from libero_eval.reference.policies.scripted import (
     GRIPPER_CLOSE,
     GRIPPER_OPEN,
     ROTATION_ACTION_LIMIT,

@@ -22,6 +22,8 @@ from libero_eval.policy.actions import (
     model_chunk_to_libero,
     rot6d_to_matrix,
 )
+from libero_eval.reference.policies.base import PolicyItem
+from libero_eval.reference.policies.scripted import ScriptedExpertPolicy
 from libero_eval.rollout.env_worker import (
     EnvSettings,
     EpisodeOutcome,
@@ -29,8 +31,6 @@ from libero_eval.rollout.env_worker import (
     LiberoEpisodeEnv,
 )
 from libero_eval.rollout.protocols import get_protocol
-from libero_eval.servers.policies.base import PolicyItem
-from libero_eval.servers.policies.scripted import ScriptedExpertPolicy
 
 pytestmark = pytest.mark.libero
 

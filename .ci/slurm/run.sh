@@ -41,7 +41,7 @@ print(open(f"results/{run}/summary/summary.md").read())
 PY
 queued=$(squeue -h -u "$(id -un)" -t PENDING,RUNNING,COMPLETING -o %i | wc -l)
 [ "$queued" -eq 0 ] || fail "$queued Slurm job(s) still queued or running"
-left=$( (pgrep -a libero-env; pgrep -af "libero_eval.servers|${RUN_ID}") | grep -v pgrep || true)
+left=$( (pgrep -a libero-env; pgrep -af "libero_eval.(serve|reference)|${RUN_ID}") | grep -v pgrep || true)
 [ -z "$left" ] || fail "processes left behind: $left"
 log "Slurm end-to-end run passed: $(squeue -h -t all -o '%i %j %T %M' | wc -l) Slurm job(s)"
 squeue -t all -o "%.8i %.40j %.10T %.10M %R"

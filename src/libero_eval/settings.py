@@ -361,7 +361,7 @@ def _gpus_per_slot(config: dict[str, Any]) -> int:
 
 
 def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
-    """Settings of slot `slot`'s server, for `libero_eval.servers.launch`."""
+    """Settings of slot `slot`'s server, for `libero_eval.serve.job`."""
     server = config["server"]
     per_slot = _gpus_per_slot(config)
     devices = None

@@ -16,5 +16,5 @@ rule serve:
         event_log=EVENT_LOG,
         python=PYTHON,
     shell:
-        "exec {params.python} -m libero_eval.servers.launch --settings {params.settings:q}"
+        "exec {params.python} -m libero_eval.serve.job --settings {params.settings:q}"
         " --service-file {output} --event-log {params.event_log} > {log} 2>&1"

@@ -1,6 +1,6 @@
 """Run one policy server slot for a Snakemake `serve` job until asked to stop.
 
-    exec python -m libero_eval.servers.launch --settings '<json>' \\
+    exec python -m libero_eval.serve.job --settings '<json>' \\
         --service-file results/<run>/servers/slot<k>.json --event-log logs/<run>/eval_embodiment.log
 
 The server's output goes to this process's stdout (the rule's log). The service file is
@@ -31,7 +31,7 @@ from typing import Any
 import yaml
 
 from libero_eval.eventlog import log_event
-from libero_eval.servers.launcher import (
+from libero_eval.serve.launcher import (
     LaunchAborted,
     ManagedServer,
     ServerSettings,
@@ -92,12 +92,12 @@ class EventLog:
 
 def _say(message: str, error: bool = False) -> None:
     stream = sys.stderr if error else sys.stdout
-    print(f"[libero_eval.servers.launch] {message}", file=stream, flush=True)
+    print(f"[libero_eval.serve.job] {message}", file=stream, flush=True)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m libero_eval.servers.launch",
+        prog="python -m libero_eval.serve.job",
         description="Start a policy server slot, publish its service file, serve until SIGTERM.",
     )
     source = parser.add_mutually_exclusive_group(required=True)

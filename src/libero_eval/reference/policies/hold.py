@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from libero_eval.servers.policies.base import PolicyItem, ServerPolicy
+from libero_eval.reference.policies.base import PolicyItem, ServerPolicy
 
 GRIPPER_OPEN = -1.0
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from scipy.spatial.transform import Rotation
 
-from libero_eval.servers.policies.base import PolicyItem, ServerPolicy
+from libero_eval.reference.policies.base import PolicyItem, ServerPolicy
 
 GRIPPER_OPEN = -1.0
 GRIPPER_CLOSE = 1.0

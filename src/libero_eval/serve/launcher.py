@@ -137,7 +137,7 @@ def _require(data: Mapping[str, Any], key: str, where: str) -> None:
 
 @dataclass(frozen=True)
 class ReferenceServerSettings:
-    """Flags of `libero_eval.servers.reference`; None means "leave the server's default"."""
+    """Flags of `libero_eval.reference.server`; None means "leave the server's default"."""
 
     policy: str
     action_stats_path: str | None = None
@@ -408,7 +408,7 @@ def build_command(settings: ServerSettings) -> list[str]:
     if settings.backend == "reference":
         ref = settings.reference
         assert ref is not None
-        cmd = [sys.executable, "-m", "libero_eval.servers.reference"]
+        cmd = [sys.executable, "-m", "libero_eval.reference.server"]
         cmd += ["--host", host, "--port", port, "--policy", ref.policy]
         optional = [
             ("--action-stats", ref.action_stats_path),

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from libero_eval.servers.policies.base import PolicyItem, ServerPolicy
-from libero_eval.servers.policies.hold import HoldPolicy
-from libero_eval.servers.policies.scripted import ScriptedExpertPolicy
+from libero_eval.reference.policies.base import PolicyItem, ServerPolicy
+from libero_eval.reference.policies.hold import HoldPolicy
+from libero_eval.reference.policies.scripted import ScriptedExpertPolicy
 
 SERVER_POLICIES: dict[str, type[ServerPolicy]] = {
     HoldPolicy.name: HoldPolicy,
@@ -25,7 +25,7 @@ def server_policy_class(name: str) -> type[ServerPolicy]:
     except KeyError:
         raise ValueError(
             f"unknown server policy {name!r}; choose one of {sorted(SERVER_POLICIES)} "
-            "(registered in libero_eval/servers/policies/__init__.py)"
+            "(registered in libero_eval/reference/policies/__init__.py)"
         ) from None
 
 

@@ -11,7 +11,7 @@ requires. The server then acts as the model would expect its inputs, strictly:
   MODEL's statistics (``server.reference.norm_stats_path``) must be the robot's own state
   (a client normalizing with other statistics fails);
 - with privileged state on, the images must be the model's preprocessing of the raw camera
-  frames (``servers/image_check.py``).
+  frames (``reference/image_check.py``).
 
 Answers are what SGLang returns: ``[action_horizon, model_action_dim]`` float32 in model
 space (the expert's LIBERO chunk normalized with the model's statistics, zero-padded).
@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 
 from libero_eval.policy import openpi_transforms as T
-from libero_eval.servers import image_check
-from libero_eval.servers.policies import PolicyItem
+from libero_eval.reference import image_check
+from libero_eval.reference.policies import PolicyItem
 
 IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 STATE_TOLERANCE = 1e-3  # float32 round trip of a normalized state, in metres / radians

@@ -13,7 +13,7 @@ It speaks the part of SGLang 0.5.23's action API that our client uses
   ``action_raw_response`` (``raw``), msgpack when Content-Type or Accept contains ``msgpack``.
 - ``GET /v1/stats`` (ours): requests, items, busy time and uptime, for duty-cycle benchmarks.
 
-A server policy (``servers/policies``) turns each image into a LIBERO 7-D chunk ``[H, 7]``;
+A server policy (``reference/policies``) turns each image into a LIBERO 7-D chunk ``[H, 7]``;
 the server normalizes it into the model's 10-channel form with the action stats file, so the
 client sees what a Cosmos3 server without ``action_stats_path`` returns.
 
@@ -65,16 +65,15 @@ from libero_eval.policy.actions import (
     load_action_stats,
     stats_block_for,
 )
-from libero_eval.servers import image_check
-from libero_eval.servers import pi05_reference as pi05
-from libero_eval.servers.policies import (
+from libero_eval.reference import image_check, pi05
+from libero_eval.reference.policies import (
     PolicyItem,
     ServerPolicy,
     make_server_policy,
     server_policy_class,
 )
 
-logger = logging.getLogger("libero_eval.servers.reference")
+logger = logging.getLogger("libero_eval.reference.server")
 
 ACTION_HORIZON = 16
 LIBERO_DOMAIN_NAME = "libero"
@@ -126,7 +125,7 @@ class RequestError(ValueError):
 
 @dataclass(frozen=True, kw_only=True)
 class ReferenceServerSettings:
-    """How the reference server behaves; see ``python -m libero_eval.servers.reference -h``."""
+    """How the reference server behaves; see ``python -m libero_eval.reference.server -h``."""
 
     action_stats_path: Path
     policy: str = "hold"
@@ -137,7 +136,7 @@ class ReferenceServerSettings:
     latency_fixed_s: float = 0.0
     latency_per_item_s: float = 0.0
     model_name: str = "reference-hold"
-    family: str = "cosmos3"  # or "pi05": SGLang's π0.5 API (servers/pi05_reference.py)
+    family: str = "cosmos3"  # or "pi05": SGLang's π0.5 API (reference/pi05.py)
     norm_stats_path: Path | None = None  # π0.5: the model's own statistics
 
     def __post_init__(self) -> None:
@@ -1133,7 +1132,7 @@ def serve_in_thread(
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m libero_eval.servers.reference",
+        prog="python -m libero_eval.reference.server",
         description="Serve a reference LIBERO policy over SGLang's Cosmos3 action API.",
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
