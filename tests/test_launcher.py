@@ -23,15 +23,10 @@ import psutil
 import pytest
 import requests
 
+from libero_eval.serve.command import build_command, build_env
 from libero_eval.serve.job import load_settings
-from libero_eval.serve.launcher import (
-    ManagedServer,
-    ServerSettings,
-    ServerSettingsError,
-    ServerStartError,
-    build_command,
-    build_env,
-)
+from libero_eval.serve.launcher import ManagedServer, ServerStartError
+from libero_eval.serve.settings import ServerSettings, ServerSettingsError
 from libero_eval.service import (
     ServiceUnavailableError,
     ServiceWaitTimeout,

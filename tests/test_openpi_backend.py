@@ -16,12 +16,9 @@ import pytest
 from test_launcher import survivors, wait_for_pids
 
 from libero_eval.policy.ws_client import WebsocketPolicyClient
-from libero_eval.serve.launcher import (
-    ManagedServer,
-    ServerSettings,
-    ServerSettingsError,
-    build_command,
-)
+from libero_eval.serve.command import build_command
+from libero_eval.serve.launcher import ManagedServer
+from libero_eval.serve.settings import ServerSettings, ServerSettingsError
 from libero_eval.service import wait_for_service, write_service_file
 
 FAKE_OPENPI = Path(__file__).parent / "fake_sglang" / "openpi_serve_policy"

@@ -153,7 +153,8 @@ def test_openpi_frames_both_ways_with_openpi_clients_msgpack(sglang_side):
 
 
 def test_sglang_serve_command_for_pi05_passes_sglangs_own_parser(sglang_side):
-    from libero_eval.serve.launcher import ServerSettings, build_command
+    from libero_eval.serve.command import build_command
+    from libero_eval.serve.settings import ServerSettings
 
     settings = ServerSettings.from_dict(
         {

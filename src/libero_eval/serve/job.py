@@ -31,15 +31,9 @@ from typing import Any
 import yaml
 
 from libero_eval.eventlog import log_event
-from libero_eval.serve.launcher import (
-    LaunchAborted,
-    ManagedServer,
-    ServerSettings,
-    ServerSettingsError,
-    ServerStartError,
-    build_command,
-    resolve_port,
-)
+from libero_eval.serve.command import build_command, resolve_port
+from libero_eval.serve.launcher import LaunchAborted, ManagedServer, ServerStartError
+from libero_eval.serve.settings import ServerSettings, ServerSettingsError
 from libero_eval.service import ParentWatch, write_service_file
 
 EXIT_STOPPED = 0

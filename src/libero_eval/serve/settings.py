@@ -1,0 +1,360 @@
+"""Server settings: the `server` section of a run config for one slot, parsed and checked.
+
+`ServerSettings.from_dict` is the one place a slot's settings are validated; every error is a
+`ServerSettingsError` naming the `server.<field>` and the fix. The serve job
+(`libero_eval.serve.job`) builds them once from the JSON the `serve` rule passes, and
+`libero_eval.serve.command` turns them into the server's argv and environment.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+BACKENDS = ("reference", "sglang", "openpi")
+DEFAULT_PIPELINE_CLASS = "Cosmos3OmniDiffusersPipeline"
+# Flags `build_command` sets itself for sglang; also passing them in extra_args would make the
+# server listen somewhere else than the URL we publish. `--pipeline` is an alias of
+# `--pipeline-class-name` in server_args.py.
+SGLANG_MANAGED_FLAGS = (
+    "--model-path",
+    "--host",
+    "--port",
+    "--num-gpus",
+    "--tp-size",
+    "--batching-max-size",
+    "--pipeline-class-name",
+    "--pipeline",
+    "--attention-backend",
+    "--performance-mode",
+    "--mode",
+)
+# SGLang 0.5.23's diffusion server has no memory-fraction flag (--mem-fraction-static is the
+# LLM server's). This variable caps its CUDA allocator (torch.cuda.set_per_process_memory_fraction
+# in multimodal_gen/runtime/managers/gpu_worker.py); SGLang names it a test hook.
+SGLANG_MEMORY_CAP_VARIABLE = "SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB"
+SGLANG_PERFORMANCE_MODES = ("auto", "speed", "memory", "manual")
+
+
+class ServerSettingsError(ValueError):
+    """The server settings are invalid; the message names the `server.<field>`."""
+
+
+def _check_keys(data: Mapping[str, Any], known: Sequence[str], where: str) -> None:
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise ServerSettingsError(
+            f"{where}: unknown field(s) {', '.join(unknown)}; known fields: {', '.join(known)}"
+        )
+
+
+def _get_int(data: Mapping[str, Any], key: str, where: str, default: Any, minimum: int) -> Any:
+    value = data.get(key, default)
+    if value is None and default is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ServerSettingsError(f"{where}.{key}: expected an integer, got {value!r}")
+    if value < minimum:
+        raise ServerSettingsError(f"{where}.{key}: must be >= {minimum}, got {value}")
+    return value
+
+
+def _get_float(
+    data: Mapping[str, Any], key: str, where: str, default: Any, minimum: float, strict: bool
+) -> Any:
+    value = data.get(key, default)
+    if value is None and default is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ServerSettingsError(f"{where}.{key}: expected a number, got {value!r}")
+    if value < minimum or (strict and value == minimum):
+        bound = ">" if strict else ">="
+        raise ServerSettingsError(f"{where}.{key}: must be {bound} {minimum}, got {value}")
+    return float(value)
+
+
+def _get_str(data: Mapping[str, Any], key: str, where: str, default: Any) -> Any:
+    value = data.get(key, default)
+    if value is None and default is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ServerSettingsError(f"{where}.{key}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def _get_str_list(data: Mapping[str, Any], key: str, where: str, default: list[str]) -> list[str]:
+    value = data.get(key, default)
+    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
+        raise ServerSettingsError(f"{where}.{key}: expected a list of strings, got {value!r}")
+    return list(value)
+
+
+def _require(data: Mapping[str, Any], key: str, where: str) -> None:
+    if data.get(key) is None:
+        raise ServerSettingsError(f"{where}.{key}: required but missing")
+
+
+@dataclass(frozen=True)
+class ReferenceServerSettings:
+    """Flags of `libero_eval.reference.server`; None means "leave the server's default"."""
+
+    policy: str
+    action_stats_path: str | None = None
+    normalization: str | None = None
+    max_batch_size: int | None = None
+    padded_action_dim: int | None = None
+    latency_fixed_s: float | None = None
+    latency_per_item_s: float | None = None
+    model_name: str | None = None
+    family: str | None = None
+    norm_stats_path: str | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "server.reference") -> ReferenceServerSettings:
+        if not isinstance(data, Mapping):
+            raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
+        _check_keys(data, [f.name for f in fields(cls)], where)
+        _require(data, "policy", where)
+        return cls(
+            policy=_get_str(data, "policy", where, None),
+            action_stats_path=_get_str(data, "action_stats_path", where, None),
+            normalization=_get_str(data, "normalization", where, None),
+            max_batch_size=_get_int(data, "max_batch_size", where, None, 1),
+            padded_action_dim=_get_int(data, "padded_action_dim", where, None, 1),
+            latency_fixed_s=_get_float(data, "latency_fixed_s", where, None, 0.0, False),
+            latency_per_item_s=_get_float(data, "latency_per_item_s", where, None, 0.0, False),
+            model_name=_get_str(data, "model_name", where, None),
+            family=_get_str(data, "family", where, None),
+            norm_stats_path=_get_str(data, "norm_stats_path", where, None),
+        )
+
+
+@dataclass(frozen=True)
+class SglangServerSettings:
+    """How to run `sglang serve` (SGLang lives in its own environment on GPU machines).
+
+    `command` is the SGLang entry point: the console script (`/opt/sglang-env/bin/sglang`) or
+    `["python", "-c", "from sglang.cli.main import main; main()"]`. Note that
+    `python -m sglang.cli.main` does NOT work: that module has no `__main__` guard.
+    """
+
+    model_path: str
+    command: list[str] = field(default_factory=lambda: ["sglang"])
+    num_gpus: int = 1
+    tp_size: int = 1
+    # SGLang's own default is 1 (no batching); the Cosmos3 LIBERO reference setup uses 8.
+    batching_max_size: int = 8
+    pipeline_class_name: str = DEFAULT_PIPELINE_CLASS
+    attention_backend: str | None = None
+    performance_mode: str | None = None  # --performance-mode; None keeps SGLang's (auto)
+    gpu_memory_cap_gib: float | None = None  # SGLANG_MEMORY_CAP_VARIABLE; None = no cap
+    extra_args: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "server.sglang") -> SglangServerSettings:
+        if not isinstance(data, Mapping):
+            raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
+        _check_keys(data, [f.name for f in fields(cls)], where)
+        _require(data, "model_path", where)
+        command = _get_str_list(data, "command", where, ["sglang"])
+        if not command or not command[0]:
+            raise ServerSettingsError(
+                f"{where}.command: must name the sglang executable, e.g. "
+                '["/opt/sglang-env/bin/sglang"]'
+            )
+        if command[-2:] == ["-m", "sglang.cli.main"]:
+            raise ServerSettingsError(
+                f"{where}.command: `-m sglang.cli.main` exits without doing anything (the "
+                "module has no __main__ guard); use the `sglang` console script of the SGLang "
+                'environment or ["python", "-c", "from sglang.cli.main import main; main()"]'
+            )
+        extra_args = _get_str_list(data, "extra_args", where, [])
+        for arg in extra_args:
+            flag = arg.split("=", 1)[0]
+            if flag in SGLANG_MANAGED_FLAGS:
+                raise ServerSettingsError(
+                    f"{where}.extra_args: {arg!r} is set by the launcher from the settings "
+                    "fields (host/port/model_path/...); set that field instead"
+                )
+        num_gpus = _get_int(data, "num_gpus", where, 1, 1)
+        tp_size = _get_int(data, "tp_size", where, 1, 1)
+        performance_mode = _get_str(data, "performance_mode", where, None)
+        if performance_mode is not None and performance_mode not in SGLANG_PERFORMANCE_MODES:
+            raise ServerSettingsError(
+                f"{where}.performance_mode: expected one of "
+                f"{', '.join(SGLANG_PERFORMANCE_MODES)} or null, got {performance_mode!r}"
+            )
+        if tp_size > num_gpus:
+            raise ServerSettingsError(
+                f"{where}.tp_size: {tp_size} exceeds {where}.num_gpus ({num_gpus})"
+            )
+        return cls(
+            model_path=_get_str(data, "model_path", where, None),
+            command=command,
+            num_gpus=num_gpus,
+            tp_size=tp_size,
+            batching_max_size=_get_int(data, "batching_max_size", where, 8, 1),
+            pipeline_class_name=_get_str(
+                data, "pipeline_class_name", where, DEFAULT_PIPELINE_CLASS
+            ),
+            attention_backend=_get_str(data, "attention_backend", where, None),
+            performance_mode=performance_mode,
+            gpu_memory_cap_gib=_get_float(data, "gpu_memory_cap_gib", where, None, 0.0, True),
+            extra_args=extra_args,
+        )
+
+
+@dataclass(frozen=True)
+class OpenpiServerSettings:
+    """How to run openpi's websocket policy server (openpi's own environment and checkout).
+
+    `command` is the full command line, e.g. `["uv", "run", "scripts/serve_policy.py", "--env",
+    "LIBERO"]` run in the openpi checkout `cwd`. The launcher passes the port: every `{port}`
+    in the command is replaced by it, or, when none is there, `--port <port>` is appended
+    (put it before a tyro subcommand such as `policy:checkpoint` with `{port}`). openpi's
+    server always listens on 0.0.0.0 and answers `GET /healthz` once the policy is loaded.
+    """
+
+    command: list[str]
+    cwd: str | None = None
+    health_path: str = "/healthz"
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "server.openpi") -> OpenpiServerSettings:
+        if not isinstance(data, Mapping):
+            raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
+        _check_keys(data, [f.name for f in fields(cls)], where)
+        _require(data, "command", where)
+        command = _get_str_list(data, "command", where, [])
+        if not command or not command[0]:
+            raise ServerSettingsError(
+                f"{where}.command: must be openpi's server command line, e.g. "
+                '["uv", "run", "scripts/serve_policy.py", "--env", "LIBERO"]'
+            )
+        fixed_port = [
+            arg
+            for i, arg in enumerate(command)
+            if (arg == "--port" and command[i + 1 : i + 2] != ["{port}"])
+            or (arg.startswith("--port=") and "{port}" not in arg)
+        ]
+        if fixed_port:
+            raise ServerSettingsError(
+                f"{where}.command: do not pass --port yourself; the launcher picks the port "
+                "(write {port} where it belongs, e.g. [..., '--port', '{port}', "
+                "'policy:checkpoint', ...])"
+            )
+        health_path = _get_str(data, "health_path", where, "/healthz")
+        if not health_path.startswith("/"):
+            raise ServerSettingsError(
+                f"{where}.health_path: must start with '/', got {health_path!r}"
+            )
+        return cls(command=command, cwd=_get_str(data, "cwd", where, None), health_path=health_path)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """One server slot: which backend, where it listens, how long to wait, how to pin GPUs.
+
+    port 0 picks a free port at launch. gpu_id pins CUDA_VISIBLE_DEVICES (an index or a list of
+    indices); None keeps the environment's value (e.g. set by SLURM).
+    """
+
+    backend: str
+    slot: int
+    host: str = "127.0.0.1"
+    port: int = 0
+    health_timeout_s: float = 900.0
+    health_poll_s: float = 1.0
+    teardown_grace_s: float = 20.0
+    gpu_id: int | tuple[int, ...] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+    reference: ReferenceServerSettings | None = None
+    sglang: SglangServerSettings | None = None
+    openpi: OpenpiServerSettings | None = None
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "server") -> ServerSettings:
+        """Parse and validate a settings mapping (the `server` section of a run config)."""
+        if not isinstance(data, Mapping):
+            raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
+        _check_keys(data, [f.name for f in fields(cls)], where)
+        backend = data.get("backend")
+        if backend not in BACKENDS:
+            raise ServerSettingsError(
+                f"{where}.backend: expected one of {', '.join(BACKENDS)}, got {backend!r}"
+            )
+        _require(data, "slot", where)
+        gpu_id = data.get("gpu_id")
+        if isinstance(gpu_id, list):
+            if not gpu_id or not all(
+                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in gpu_id
+            ):
+                raise ServerSettingsError(
+                    f"{where}.gpu_id: expected a device index >= 0, a non-empty list of them, "
+                    f"or null, got {gpu_id!r}"
+                )
+            gpu_id = tuple(gpu_id)
+        elif gpu_id is not None:
+            gpu_id = _get_int(data, "gpu_id", where, None, 0)
+        extra_env = data.get("extra_env", {})
+        if not isinstance(extra_env, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str | int | float) and not isinstance(v, bool)
+            for k, v in extra_env.items()
+        ):
+            raise ServerSettingsError(
+                f"{where}.extra_env: expected a mapping of variable name to string, "
+                f"got {extra_env!r}"
+            )
+        reference = sglang = openpi = None
+        if backend == "reference":
+            _require(data, "reference", where)
+            reference = ReferenceServerSettings.from_dict(data["reference"], f"{where}.reference")
+        elif backend == "openpi":
+            _require(data, "openpi", where)
+            openpi = OpenpiServerSettings.from_dict(data["openpi"], f"{where}.openpi")
+        else:
+            _require(data, "sglang", where)
+            sglang = SglangServerSettings.from_dict(data["sglang"], f"{where}.sglang")
+            pinned = 1 if isinstance(gpu_id, int) else len(gpu_id or ())
+            if gpu_id is not None and pinned < sglang.num_gpus:
+                raise ServerSettingsError(
+                    f"{where}.gpu_id: pins {pinned} device(s) but {where}.sglang.num_gpus is "
+                    f"{sglang.num_gpus}; give a list of {sglang.num_gpus} device indices"
+                )
+        port = _get_int(data, "port", where, 0, 0)
+        if port > 65535:
+            raise ServerSettingsError(f"{where}.port: must be <= 65535 (or 0), got {port}")
+        return cls(
+            backend=backend,
+            slot=_get_int(data, "slot", where, None, 0),
+            host=_get_str(data, "host", where, "127.0.0.1"),
+            port=port,
+            health_timeout_s=_get_float(data, "health_timeout_s", where, 900.0, 0.0, True),
+            health_poll_s=_get_float(data, "health_poll_s", where, 1.0, 0.0, True),
+            teardown_grace_s=_get_float(data, "teardown_grace_s", where, 20.0, 0.0, False),
+            gpu_id=gpu_id,
+            extra_env={k: str(v) for k, v in extra_env.items()},
+            reference=reference,
+            sglang=sglang,
+            openpi=openpi,
+        )
+
+    @property
+    def health_path(self) -> str:
+        """Readiness path: openpi's `/healthz`, SGLang's and the reference server's `/health`."""
+        return self.openpi.health_path if self.openpi is not None else "/health"
+
+    @property
+    def url(self) -> str:
+        """Base URL clients use (wildcard listen addresses are reached through loopback)."""
+        return f"http://{_url_host(self.host)}:{self.port}"
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", ""):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host
