@@ -819,7 +819,7 @@ def plan_for(size: int) -> dict[str, Any]:
 
 
 def section_e(args: argparse.Namespace) -> dict[str, Any]:
-    from libero_eval import settings as eval_settings
+    from libero_eval.config import check_config
     from libero_eval.plan import plan_table
 
     rows, records = [], []
@@ -835,8 +835,7 @@ def section_e(args: argparse.Namespace) -> dict[str, Any]:
             config = default_config(**json.loads(json.dumps(overrides)))
 
             def plan(config=config):
-                eval_settings.check_config(config)
-                shards = eval_settings.shards(config)
+                shards = check_config(config).shards
                 return plan_table(shards), shards
 
             frame, shards = plan()

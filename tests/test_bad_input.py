@@ -22,9 +22,9 @@ from conftest import make_record
 from snakemake.utils import validate
 
 from libero_eval.aggregate import write_summary
+from libero_eval.config import RunSettings
 from libero_eval.plan import Episode, make_shards, plan_table
 from libero_eval.rollout.runner import ShardFailed, run_shard
-from libero_eval.rollout.shard_job import shard_settings
 from libero_eval.store import EpisodeStore, read_results, write_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -199,7 +199,7 @@ def shard_against(tmp_path: Path, url: str, **rollout) -> tuple:
         policy={"http_timeout_s": 0.5, "http_max_retries": 2, "http_retry_backoff_s": 0.05},
         rollout={"max_steps": 16, "camera_size": 64, "envs_per_shard": 1, **rollout},
     )
-    settings = shard_settings(config, "shard000", 0, 1, None)
+    settings = RunSettings(config).shard_settings("shard000", 0, 1)
     store = EpisodeStore(tmp_path / "episodes")
     store.write(EPISODES[0], finished_record(EPISODES[0]))
     return settings, store
@@ -272,6 +272,6 @@ def test_truncated_shard_table_is_named_and_rebuilt_from_the_store_without_rerun
     # no env (every episode is finished), so nothing is rerun.
     shard.unlink()
     config = full_config(server={"reference": {"policy": "hold"}})
-    settings = shard_settings(config, "shard000", 0, 1, None)
+    settings = RunSettings(config).shard_settings("shard000", 0, 1)
     run_shard(EPISODES, settings, store, "", shard, progress=False)
     pd.testing.assert_frame_equal(read_results([shard]), original)

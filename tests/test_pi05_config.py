@@ -13,7 +13,7 @@ import yaml
 from snakemake.utils import validate
 from test_cosmos3_config import dry_run, overlay
 
-from libero_eval import settings
+from libero_eval import config as settings
 
 REPO = Path(__file__).resolve().parents[1]
 SGLANG_CONFIG = REPO / "config" / "libero_pi05_sglang.yaml"

@@ -10,10 +10,10 @@ from snakemake.utils import validate
 from test_pi05_adapter import STATS
 from test_pi05_reference import COSMOS3_STATS
 
+from libero_eval.config import RunSettings
 from libero_eval.plan import Episode
 from libero_eval.reference.server import ReferenceServerSettings, serve_in_thread
 from libero_eval.rollout.runner import ShardFailed, run_shard
-from libero_eval.rollout.shard_job import shard_settings
 from libero_eval.store import EpisodeStore
 
 pytestmark = pytest.mark.libero
@@ -35,7 +35,7 @@ def pi05_shard(tmp_path, **pi05):
         },
     }
     validate(config, str(REPO / "config" / "schema.yaml"))
-    return shard_settings(config, "shard000", 0, 1, None), EpisodeStore(tmp_path / "episodes")
+    return RunSettings(config).shard_settings("shard000", 0, 1), EpisodeStore(tmp_path / "episodes")
 
 
 @pytest.fixture(scope="module")

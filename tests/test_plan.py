@@ -2,7 +2,7 @@
 
 import pytest
 
-from libero_eval.plan import Episode, make_shards, plan_episodes, plan_table
+from libero_eval.plan import Episode, make_shards, plan_episodes, plan_table, read_shard
 
 
 def test_episodes_are_interleaved_trial_major():
@@ -72,3 +72,24 @@ def test_plan_table_lists_shard_and_slot():
     assert list(table.columns) == ["suite", "task_id", "init_state_id", "shard", "slot"]
     assert len(table) == 4
     assert set(table["slot"]) == {0, 1}
+
+
+def test_a_rollout_job_reads_back_the_shard_the_plan_wrote(tmp_path):
+    """plan.csv is what rollout jobs run: each shard comes back whole, on its slot, in the
+    plan's order (within a suite: trial-major, as planned)."""
+    shards = make_shards(plan_episodes(["libero_spatial", "libero_goal"], [0, 1, 2], None, 3), 2, 2)
+    plan_csv = tmp_path / "plan.csv"
+    plan_table(shards).to_csv(plan_csv, index=False)
+    for shard in shards:
+        read = read_shard(plan_csv, shard.name)
+        assert (read.index, read.slot, sorted(read.episodes)) == (
+            shard.index,
+            shard.slot,
+            sorted(shard.episodes),
+        )
+        for suite in ("libero_spatial", "libero_goal"):
+            assert [e for e in read.episodes if e.suite == suite] == [
+                e for e in shard.episodes if e.suite == suite
+            ]
+    with pytest.raises(ValueError, match="no episodes of shard009; delete it and rerun"):
+        read_shard(plan_csv, "shard009")

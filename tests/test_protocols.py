@@ -8,6 +8,7 @@ The real-LIBERO side of seeding is in tests/test_episode_determinism.py.
 import numpy as np
 import pytest
 
+from libero_eval.config import ConfigError, check_config
 from libero_eval.plan import Episode
 from libero_eval.rollout.env_worker import (
     SETTLE_ACTION,
@@ -18,7 +19,6 @@ from libero_eval.rollout.env_worker import (
 )
 from libero_eval.rollout.protocols import episode_seed, get_protocol, reset_seed_of
 from libero_eval.rollout.runner import ShardSettings, _record
-from libero_eval.settings import ConfigError, check_config
 
 CHUNK = 16
 

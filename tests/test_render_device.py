@@ -169,16 +169,16 @@ def test_env_workers_render_where_the_plan_says_or_fail_naming_the_variables():
 def test_a_rollout_job_plans_its_slots_gpu_from_the_config(default_config, monkeypatch):
     """config -> slot -> GPU -> EGL device, as run_shard_job does before any env starts."""
     import libero_eval.rollout.render_device as render_device
-    from libero_eval.rollout.shard_job import render_plan, shard_settings
+    from libero_eval.config import RunSettings
 
     monkeypatch.setattr(render_device, "query_gpus", lambda: GPUS)
     monkeypatch.setattr(render_device, "query_egl_devices", lambda: EGL_BY_UUID)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     config = default_config
     config["server"].update(backend="sglang", num_slots=2, gpu_ids=[1, 3])
-    plan = render_plan(config, slot=1)  # slot 1 serves on GPU 3 = EGL device 2
+    plan = RunSettings(config).render_plan(slot=1)  # slot 1 serves on GPU 3 = EGL device 2
     assert plan.env["MUJOCO_EGL_DEVICE_ID"] == "2"
-    settings = shard_settings(config, "shard001", 1, 2, None, plan)
+    settings = RunSettings(config).shard_settings("shard001", 1, 2, render=plan)
     assert settings.env.render_env == plan.env
     config["rollout"]["render_device"] = "cpu"
-    assert render_plan(config, slot=1).env["LIBERO_EVAL_RENDER_DEVICE"] == "software"
+    assert RunSettings(config).render_plan(slot=1).env["LIBERO_EVAL_RENDER_DEVICE"] == "software"

@@ -21,6 +21,7 @@ from libero_eval import report
 from libero_eval.aggregate import success_tables, wilson_interval
 from libero_eval.cli import main as cli_main
 from libero_eval.cli import run_status
+from libero_eval.config import RunSettings
 from libero_eval.plan import Episode, make_shards, plan_episodes, plan_table
 from libero_eval.store import RESULT_COLUMNS, EpisodeStore, write_frame
 
@@ -183,7 +184,7 @@ def test_failures_are_grouped_by_the_first_line_of_their_error():
 # --------------------------------------------------------------------------- provenance
 
 
-def test_provenance_records_commit_stats_hash_model_and_versions(tmp_path):
+def test_provenance_records_commit_stats_hash_model_and_versions(tmp_path, default_config):
     model_dir = tmp_path / "model_diffusers"
     model_dir.mkdir()
     (model_dir / "model_index.json").write_text('{"_class_name": "X"}')
@@ -192,7 +193,11 @@ def test_provenance_records_commit_stats_hash_model_and_versions(tmp_path):
         "server": {"backend": "sglang", "sglang": {"model_path": str(model_dir), "command": ["s"]}},
         "policy": {"action_stats_path": str(STATS)},
     }
-    record = report.provenance(config, REPO, fingerprint="abc123", episodes=make_episodes())
+    default_config["policy"]["action_stats_path"] = str(STATS)
+    action_stats = RunSettings(default_config).action_stats  # as the workflow's settings read it
+    record = report.provenance(
+        config, REPO, fingerprint="abc123", episodes=make_episodes(), action_stats=action_stats
+    )
     head = subprocess.run(
         ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
     ).stdout.strip()

@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 from snakemake.utils import validate
 
-from libero_eval import settings, suites
+from libero_eval import config as settings
+from libero_eval import suites
 from libero_eval.plan import Episode, plan_episodes
 from libero_eval.rollout.protocols import get_protocol
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import pandas as pd
 
@@ -117,6 +118,22 @@ def make_shards(episodes: Sequence[Episode], num_slots: int, shards_per_slot: in
     for position, episode in enumerate(episodes):
         buckets[position % num_shards].append(episode)
     return [Shard(i, i % num_slots, tuple(b)) for i, b in enumerate(buckets)]
+
+
+def read_shard(plan_csv: str | Path, name: str) -> Shard:
+    """Shard `name` as `plan_table` wrote it to `plan_csv` (its episodes in the file's order)."""
+    table = pd.read_csv(plan_csv)
+    rows = table[table["shard"] == name]
+    if rows.empty:
+        raise ValueError(f"{plan_csv}: no episodes of {name}; delete it and rerun the workflow")
+    slots = set(rows["slot"])
+    if len(slots) != 1:
+        raise ValueError(f"{plan_csv}: {name} is planned on several slots {sorted(slots)}")
+    episodes = tuple(
+        Episode(str(suite), int(task), int(init))
+        for suite, task, init in rows[["suite", "task_id", "init_state_id"]].itertuples(index=False)
+    )
+    return Shard(int(name.removeprefix("shard")), int(slots.pop()), episodes)
 
 
 def plan_table(shards: Iterable[Shard]) -> pd.DataFrame:

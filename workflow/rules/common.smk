@@ -5,18 +5,19 @@ from pathlib import Path
 from snakemake.settings.types import DeploymentMethod
 from snakemake.utils import validate
 
-from libero_eval import settings as eval_settings
+from libero_eval.config import ConfigError, check_config, check_family_fields
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
 
 try:
-    eval_settings.check_family_fields(config)  # before validate() fills in defaults
-except eval_settings.ConfigError as error:
+    check_family_fields(config)  # before validate() fills in defaults
+except ConfigError as error:
     raise WorkflowError(f"Invalid config: {error}")
 validate(config, schema="../../config/schema.yaml")
 try:
-    eval_settings.check_config(config)
-except eval_settings.ConfigError as error:
+    # Everything the rules need from the config, each part derived once (libero_eval.config).
+    SETTINGS = check_config(config)
+except ConfigError as error:
     raise WorkflowError(f"Invalid config: {error}")
 
 RUN = config["run_id"]
@@ -28,9 +29,9 @@ PYTHON = (
     if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
     else sys.executable
 )
-SHARDS = {shard.name: shard for shard in eval_settings.shards(config)}
+SHARDS = {shard.name: shard for shard in SETTINGS.shards}
 SLOTS = sorted({shard.slot for shard in SHARDS.values()})
-FINGERPRINT = eval_settings.rollout_fingerprint(config)
+FINGERPRINT = SETTINGS.fingerprint
 EVENT_LOG = f"logs/{RUN}/eval_embodiment.log"
 STORE = EpisodeStore(f"results/{RUN}/episodes/{FINGERPRINT}")
 
@@ -115,22 +116,25 @@ def get_server_of_shard(wildcards):
     shard = SHARDS[wildcards.shard]
     if len(STORE.finished(shard.episodes)) == len(shard.episodes):
         return []
-    return f"results/{RUN}/servers/slot{shard.slot}.json"
+    return get_service_file_of_shard(wildcards)
 
 
-def get_shard_episodes(wildcards):
-    """The shard's episodes as [suite, task, init] triples (a rerun trigger when they change)."""
-    return [
-        [e.suite, e.task_id, e.init_state_id] for e in SHARDS[wildcards.shard].episodes
-    ]
+def get_service_file_of_shard(wildcards):
+    """The service file of the shard's slot (the serve rule's output)."""
+    return expand(rules.serve.output[0], run=RUN, slot=SHARDS[wildcards.shard].slot)[0]
+
+
+def get_serve_log_of_shard(wildcards):
+    """The log of the shard's slot's server (quoted when the server is unavailable)."""
+    return expand(rules.serve.log[0], run=RUN, slot=SHARDS[wildcards.shard].slot)[0]
 
 
 def get_server_settings(wildcards):
-    return json.dumps(eval_settings.server_settings(config, int(wildcards.slot)))
+    return json.dumps(SETTINGS.server(int(wildcards.slot)))
 
 
 def get_envs_per_shard(wildcards=None):
-    return eval_settings.envs_per_shard(config)
+    return SETTINGS.envs_per_shard
 
 
 def print_summary():
@@ -151,7 +155,11 @@ def slurm_placement(server=False):
         )
         if slurm[field]
     }
-    if server and slurm["gpu_model"] and config["server"]["backend"] in ("sglang", "openpi"):
+    if (
+        server
+        and slurm["gpu_model"]
+        and config["server"]["backend"] in ("sglang", "openpi")
+    ):
         placement["gpu_model"] = slurm["gpu_model"]
     return placement
 

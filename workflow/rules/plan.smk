@@ -10,8 +10,6 @@ rule plan:
     conda:
         "../envs/libero_eval.yaml"
     params:
-        plan=config["plan"],
-        num_slots=config["server"]["num_slots"],
-        shards_per_slot=config["rollout"]["shards_per_slot"],
+        shards=SETTINGS.shards,
     script:
         "../scripts/plan.py"

@@ -62,6 +62,7 @@ rule report_figures:
     params:
         report=config["report"],
         fingerprint=FINGERPRINT,
+        action_stats=SETTINGS.action_stats,
         repo_dir=workflow.basedir,
     script:
         "../scripts/report_figures.py"

@@ -1,5 +1,6 @@
 rule rollout:
     input:
+        plan=rules.plan.output[0],
         server=get_server_of_shard,
     output:
         "results/{run}/shards/{shard}.parquet",
@@ -15,10 +16,11 @@ rule rollout:
         * attempt,
         runtime=lambda wc, attempt: config["rollout"]["runtime_min"] * attempt,
     params:
-        episodes=get_shard_episodes,
         fingerprint=FINGERPRINT,
         store=STORE.root,
-        slot=lambda wc: SHARDS[wc.shard].slot,
+        service_file=get_service_file_of_shard,
+        serve_log=get_serve_log_of_shard,
         event_log=EVENT_LOG,
+        video_dir=f"results/{RUN}/videos",
     script:
         "../scripts/rollout.py"

@@ -14,4 +14,5 @@ with open(snakemake.log[0], "w") as log:
         config=snakemake.config,
         repo_dir=snakemake.params.repo_dir,
         fingerprint=snakemake.params.fingerprint,
+        action_stats=snakemake.params.get("action_stats"),
     )

@@ -3,8 +3,8 @@
 import os
 from pathlib import Path
 
-from libero_eval.plan import Episode
-from libero_eval.rollout.shard_job import run_shard_job
+from libero_eval.config import RunSettings
+from libero_eval.rollout.shard_job import ShardPaths, run_shard_job
 
 # Env workers are spawned processes that re-import this file: only the parent runs the shard.
 if __name__ == "__main__":
@@ -14,12 +14,17 @@ if __name__ == "__main__":
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         run_shard_job(
-            config=snakemake.config,
-            shard=snakemake.wildcards.shard,
-            episodes=[Episode(*e) for e in snakemake.params.episodes],
-            slot=snakemake.params.slot,
-            output=Path(snakemake.output[0]),
-            store_root=Path(snakemake.params.store),
-            event_log=Path(snakemake.params.event_log),
-            envs=snakemake.threads,
+            settings=RunSettings(snakemake.config),
+            shard_name=snakemake.wildcards.shard,
+            # the rule's threads: rollout.envs_per_shard, lowered by Snakemake to --cores
+            envs_per_shard=snakemake.threads,
+            paths=ShardPaths(
+                plan=Path(snakemake.input.plan),
+                output=Path(snakemake.output[0]),
+                store=Path(snakemake.params.store),
+                service_file=Path(snakemake.params.service_file),
+                serve_log=Path(snakemake.params.serve_log),
+                event_log=Path(snakemake.params.event_log),
+                video_dir=Path(snakemake.params.video_dir),
+            ),
         )

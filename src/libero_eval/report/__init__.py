@@ -76,9 +76,9 @@ __all__ = [
 class _Run:
     """One run's inputs to the report, each read or built once."""
 
-    def __init__(self, episodes, table, config, repo_dir, fingerprint):
+    def __init__(self, episodes, table, config, repo_dir, fingerprint, action_stats):
         self.episodes, self.table, self.config = episodes, table, config
-        self.repo_dir, self.fingerprint = repo_dir, fingerprint
+        self.repo_dir, self.fingerprint, self.action_stats = repo_dir, fingerprint, action_stats
         report = config.get("report", {})
         self.confidence = report.get("confidence_level", 0.95)
         self.decimals = report.get("decimals", 1)
@@ -88,7 +88,7 @@ class _Run:
     def provenance(self) -> dict[str, Any]:
         if self._provenance is None:
             self._provenance = provenance(
-                self.config, self.repo_dir, self.fingerprint, self.episodes
+                self.config, self.repo_dir, self.fingerprint, self.episodes, self.action_stats
             )
         return self._provenance
 
@@ -131,15 +131,22 @@ def write_report_outputs(
     config: dict[str, Any],
     repo_dir: str | Path = ".",
     fingerprint: str | None = None,
+    action_stats: dict[str, str | None] | None = None,
 ) -> None:
-    """Write each output named in `outputs` (keys of OUTPUT_WRITERS)."""
+    """Write each output named in `outputs` (keys of OUTPUT_WRITERS). `action_stats` is the
+    client's statistics file as the run's settings read it (`RunSettings.action_stats`)."""
     from libero_eval.store import read_results
 
     unknown = sorted(set(outputs) - OUTPUT_WRITERS.keys())
     if unknown:
         raise ValueError(f"unknown report output {unknown[0]!r}; known: {sorted(OUTPUT_WRITERS)}")
     run = _Run(
-        read_results([episodes_path]), pd.read_parquet(tables_path), config, repo_dir, fingerprint
+        read_results([episodes_path]),
+        pd.read_parquet(tables_path),
+        config,
+        repo_dir,
+        fingerprint,
+        action_stats,
     )
     for key, path in outputs.items():
         path = Path(path)

@@ -86,8 +86,11 @@ def provenance(
     repo_dir: str | Path = ".",
     fingerprint: str | None = None,
     episodes: pd.DataFrame | None = None,
+    action_stats: dict[str, str | None] | None = None,
 ) -> dict[str, Any]:
-    """What produced the results: model, stats file hash, code commit, package versions."""
+    """What produced the results: model, stats file hash, code commit, package versions.
+    `action_stats` is the client's statistics file and hash as the run's settings read them
+    (`libero_eval.config.RunSettings.action_stats`; None when the server holds them)."""
     server = config.get("server", {})
     backend = server.get("backend")
     model: dict[str, Any] = {"backend": backend}
@@ -111,22 +114,12 @@ def provenance(
     else:
         model["model_dir"] = None
         model["reference_policy"] = server.get("reference", {}).get("policy")
-    if policy.get("family") == "pi05":  # openpi's own server holds its statistics itself
-        pi05 = policy.get("pi05", {})
-        stats_path = None if pi05.get("api") == "openpi_websocket" else pi05.get("norm_stats_path")
-        if stats_path and Path(stats_path).is_dir():
-            stats_path = str(Path(stats_path) / "norm_stats.json")
-    else:
-        stats_path = policy.get("action_stats_path")
     record: dict[str, Any] = {
         "run_id": config.get("run_id"),
         "generated_at": _timestamp(time.time()),
         "rollout_fingerprint": fingerprint,
         "model": model,
-        "action_stats": {
-            "path": stats_path,
-            "sha256": file_sha256(stats_path) if stats_path else None,
-        },
+        "action_stats": dict(action_stats or {"path": None, "sha256": None}),
         "git": git_state(repo_dir),
         "packages": package_versions(),
         "python": platform.python_version(),

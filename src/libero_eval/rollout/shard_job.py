@@ -1,8 +1,10 @@
-"""A rollout job as the workflow runs it: config → settings → wait for the server → shard.
+"""A rollout job as the workflow runs it: its shard from plan.csv → wait for the server → run.
 
-The job process follows its parent: when Snakemake (or the Slurm job step) dies, even by
-SIGKILL, the job gets SIGTERM (PR_SET_PDEATHSIG plus a parent-pid watchdog), stops its env
-workers and exits; SIGTERM and Ctrl-C do the same. Finished episodes are in the store by then.
+The job gets its settings (`libero_eval.config.RunSettings`, built once from the config) and
+every path from its rule (`ShardPaths`). It follows its parent: when Snakemake (or the Slurm
+job step) dies, even by SIGKILL, the job gets SIGTERM (PR_SET_PDEATHSIG plus a parent-pid
+watchdog), stops its env workers and exits; SIGTERM and Ctrl-C do the same. Finished episodes
+are in the store by then.
 """
 
 from __future__ import annotations
@@ -10,74 +12,37 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from libero_eval.eventlog import log_event
 from libero_eval.faults import InjectedFault
-from libero_eval.plan import Episode
-from libero_eval.rollout.env_worker import EnvSettings
-from libero_eval.rollout.render_device import RenderDeviceError, RenderPlan, plan_render_env
-from libero_eval.rollout.runner import ClientSettings, ShardFailed, ShardSettings, run_shard
+from libero_eval.plan import read_shard
+from libero_eval.rollout.render_device import RenderDeviceError
+from libero_eval.rollout.runner import ShardFailed, run_shard
 from libero_eval.service import ParentWatch, ServiceUnavailableError, wait_for_service
-from libero_eval.settings import episode_protocol, server_settings
 from libero_eval.store import EpisodeStore
+
+if TYPE_CHECKING:
+    from libero_eval.config import RunSettings
 
 
 class ShardTerminated(BaseException):
     """The job got SIGTERM (Snakemake, scancel, or its parent died)."""
 
 
-def render_plan(config: dict[str, Any], slot: int) -> RenderPlan:
-    """Where this slot's env workers render (`rollout.render_device`), as env variables."""
-    rollout = config["rollout"]
-    return plan_render_env(
-        rollout.get("render_device", "auto"),
-        mujoco_gl=rollout["mujoco_gl"],
-        slot_gpu_ids=server_settings(config, slot)["gpu_id"],
-        backend=config["server"]["backend"],
-    )
+@dataclass(frozen=True)
+class ShardPaths:
+    """Every file a rollout job reads or writes, as its rule names them."""
 
-
-def shard_settings(
-    config: dict[str, Any],
-    shard: str,
-    slot: int,
-    envs: int,
-    event_log: Path | None,
-    render: RenderPlan | None = None,
-) -> ShardSettings:
-    policy, rollout = config["policy"], config["rollout"]
-    videos = rollout["videos"]
-    run_id = config["run_id"]
-    return ShardSettings(
-        run_id=run_id,
-        shard=shard,
-        slot=slot,
-        protocol=episode_protocol(config),
-        env=EnvSettings(
-            camera_size=rollout["camera_size"],
-            render_mode=rollout["render_mode"],
-            send_privileged_state=rollout["send_privileged_state"],
-            reset_seeding=rollout["reset_seeding"],
-            video_stride=videos["frame_stride"] if videos["enabled"] else 0,
-            mujoco_gl=rollout["mujoco_gl"],
-            render_env=dict(render.env) if render else {},
-        ),
-        policy_family=policy["family"],
-        policy_settings=dict(policy),
-        client=ClientSettings(
-            timeout_s=policy["http_timeout_s"],
-            max_retries=policy["http_max_retries"],
-            retry_backoff_s=policy["http_retry_backoff_s"],
-        ),
-        envs_per_shard=max(1, envs),
-        max_inflight_requests=rollout["max_inflight_requests"],
-        batch_timeout_s=rollout["batch_timeout_s"],
-        health_timeout_s=config["server"]["health_timeout_s"],
-        event_log=event_log,
-        video_dir=Path("results", run_id, "videos") if videos["enabled"] else None,
-    )
+    plan: Path  # results/<run>/plan.csv: the shard's episodes and slot
+    output: Path  # results/<run>/shards/<shard>.parquet
+    store: Path  # results/<run>/episodes/<fingerprint>: one record per finished episode
+    service_file: Path  # results/<run>/servers/slot<k>.json: the slot's server
+    serve_log: Path  # logs/<run>/serve/slot<k>.log: quoted when the server is unavailable
+    event_log: Path | None = None  # logs/<run>/eval_embodiment.log
+    video_dir: Path | None = None  # results/<run>/videos (with rollout.videos.enabled)
 
 
 def _follow_parent() -> ParentWatch:
@@ -95,45 +60,43 @@ def _follow_parent() -> ParentWatch:
 
 
 def run_shard_job(
-    config: dict[str, Any],
-    shard: str,
-    episodes: list[Episode],
-    slot: int,
-    output: Path,
-    store_root: Path,
-    event_log: Path | None,
-    envs: int,
+    settings: RunSettings, shard_name: str, envs_per_shard: int, paths: ShardPaths
 ) -> None:
     """Run the shard; on failure log why, keep finished episodes and exit non-zero."""
+    event_log = paths.event_log
+    shard = read_shard(paths.plan, shard_name)
     try:
-        render = render_plan(config, slot)  # before any env starts: a wrong device fails here
+        render = settings.render_plan(shard.slot)  # before any env starts: fails here
     except RenderDeviceError as exc:
-        log_event(event_log, f"rollout {shard}", f"FAILED: {exc}")
+        log_event(event_log, f"rollout {shard_name}", f"FAILED: {exc}")
         print(exc, file=sys.stderr)
         raise SystemExit(1) from exc
-    log_event(event_log, f"rollout {shard}", f"env workers render on {render.description}")
+    log_event(event_log, f"rollout {shard_name}", f"env workers render on {render.description}")
     watch = _follow_parent()
-    service_file = Path("results", config["run_id"], "servers", f"slot{slot}.json")
-    settings = shard_settings(config, shard, slot, envs, event_log, render)
-    store = EpisodeStore(store_root)
+    shard_settings = settings.shard_settings(
+        shard_name, shard.slot, envs_per_shard, event_log, paths.video_dir, render
+    )
+    store = EpisodeStore(paths.store)
+    episodes = list(shard.episodes)
     url = ""
-    resume = f"Finished episodes are kept in {store_root}; rerun the workflow to resume."
+    resume = f"Finished episodes are kept in {paths.store}; rerun the workflow to resume."
     try:
         if len(store.finished(episodes)) < len(episodes):
-            serve_log = Path("logs", settings.run_id, "serve", f"slot{slot}.log")
             service = wait_for_service(
-                service_file, timeout_s=settings.health_timeout_s, log_path=serve_log
+                paths.service_file,
+                timeout_s=shard_settings.health_timeout_s,
+                log_path=paths.serve_log,
             )
             url = service["url"]
-        run_shard(episodes, settings, store, url, output)
+        run_shard(episodes, shard_settings, store, url, paths.output)
     except (ShardFailed, ServiceUnavailableError, InjectedFault) as exc:
-        log_event(event_log, f"rollout {shard}", f"FAILED: {exc}")
+        log_event(event_log, f"rollout {shard_name}", f"FAILED: {exc}")
         print(f"{exc}\n{resume}", file=sys.stderr)
         raise SystemExit(1) from exc
     except (ShardTerminated, KeyboardInterrupt) as exc:
         reason = str(exc) or "interrupted (SIGINT)"
-        log_event(event_log, f"rollout {shard}", f"STOPPED: {reason}")
-        print(f"{shard} stopped: {reason}. {resume}", file=sys.stderr)
+        log_event(event_log, f"rollout {shard_name}", f"STOPPED: {reason}")
+        print(f"{shard_name} stopped: {reason}. {resume}", file=sys.stderr)
         raise SystemExit(143 if isinstance(exc, ShardTerminated) else 130) from None
     finally:
         watch.stop()

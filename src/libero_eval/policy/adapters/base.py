@@ -64,6 +64,17 @@ class PolicyAdapter(ABC):
         """LIBERO actions ``float64[batch_size, num_action_chunks, 7]`` from a response body;
         raises ``PolicyResponseError`` on a malformed response."""
 
+    def statistics(self) -> dict[str, str | None]:
+        """The statistics file the client (de)normalizes with, as read: its path and sha256
+        (both None when the server holds the statistics)."""
+        return {"path": None, "sha256": None}
+
+    @abstractmethod
+    def outcome_settings(self) -> dict[str, Any]:
+        """The family's `policy.*` settings that can change an episode's outcome (transport and
+        timeouts left out), with the statistics file as its sha256: the policy's part of the
+        rollout fingerprint (`libero_eval.config`)."""
+
     @abstractmethod
     def settings_summary(self) -> dict[str, Any]:
         """JSON-serializable settings for provenance records."""

@@ -127,6 +127,7 @@ class Cosmos3Adapter(PolicyAdapter):
                 + ", ".join(f"policy.{key}" for key in missing)
                 + "; set them in the config (see the LIBERO reference settings)"
             )
+        self._policy = dict(settings)
         self.action_mode = _setting_str(settings, "action_mode")
         self.raw_action_dim = _setting_int(settings, "raw_action_dim", 1)
         if self.raw_action_dim != action_math.MODEL_ACTION_DIM:
@@ -172,6 +173,18 @@ class Cosmos3Adapter(PolicyAdapter):
             stats_path, action_math.stats_block_for(self.normalization), self.raw_action_dim
         )
         self.stats_sha256 = hashlib.sha256(self.stats.source.read_bytes()).hexdigest()
+
+    def statistics(self) -> dict[str, str | None]:
+        return {"path": str(self.stats.source), "sha256": self.stats_sha256}
+
+    def outcome_settings(self) -> dict[str, Any]:
+        # The Cosmos3 fingerprint as before π0.5 existed, so earlier results stay valid.
+        settings = {
+            k: v
+            for k, v in self._policy.items()
+            if not k.startswith("http_") and k not in ("transport", "response_format", "pi05")
+        }
+        return {**settings, "action_stats_path": self.stats_sha256}
 
     # ---------------------------------------------------------------- requests
 

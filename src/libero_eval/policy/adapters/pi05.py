@@ -112,6 +112,7 @@ class Pi05Adapter(PolicyAdapter):
 
     def __init__(self, settings: dict[str, Any]):
         s = _pi05_settings(settings)
+        self._pi05 = dict(settings.get("pi05", settings))  # as configured (the fingerprint's)
         self.api: str = s["api"]
         self.normalization: str = s["normalization"]
         self.pad_state_to: int | None = s["pad_state_to"]
@@ -142,6 +143,19 @@ class Pi05Adapter(PolicyAdapter):
             self.stats_sha256 = hashlib.sha256(self.stats.source.read_bytes()).hexdigest()
 
     # ---------------------------------------------------------------- requests
+
+    def statistics(self) -> dict[str, str | None]:
+        if self.stats is None:  # openpi's server normalizes with its own statistics
+            return {"path": None, "sha256": None}
+        return {"path": str(self.stats.source), "sha256": self.stats_sha256}
+
+    def outcome_settings(self) -> dict[str, Any]:
+        pi05 = {
+            k: v
+            for k, v in self._pi05.items()
+            if k not in ("wire_format", "response_format")  # transport only
+        }
+        return {"family": "pi05", "pi05": {**pi05, "norm_stats_path": self.stats_sha256}}
 
     def prompt_key(self, obs: Observation) -> str:
         return str(obs.task_language)

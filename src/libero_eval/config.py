@@ -1,19 +1,29 @@
-"""From a validated config dict to what each job needs, plus the checks a schema cannot make.
+"""From a validated config dict to what each job needs: the one place a config is read.
 
 The workflow validates the config against `config/schema.yaml` (which also fills defaults)
-and then calls `check_config`; every error names the config field and the fix.
+and then calls `check_config`, which makes the checks a schema cannot make (every error names
+the config field and the fix) and returns the run's `RunSettings`. A job process builds its
+`RunSettings` once from the same config; everything a job needs is derived from it: the
+episode protocol, the shards, the envs per shard, a slot's server settings, a shard's
+settings, the policy adapter (which loads and hashes the statistics file, once) and the
+rollout fingerprint. `docs/design.md` walks two fields from the config to their use.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from libero_eval import suites as suite_catalog
 from libero_eval.plan import Episode, Shard, make_shards, plan_episodes
+from libero_eval.policy.adapters import PolicyAdapter, make_adapter
+from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
+from libero_eval.rollout.render_device import RenderPlan, plan_render_env
+from libero_eval.rollout.runner import ClientSettings, ShardSettings
 from libero_eval.store import fingerprint
 
 
@@ -57,8 +67,10 @@ def check_family_fields(config: dict[str, Any]) -> None:
             )
 
 
-def check_config(config: dict[str, Any]) -> None:
-    """Cross-field and filesystem checks (after JSON-schema validation with defaults)."""
+def check_config(config: dict[str, Any]) -> RunSettings:
+    """Cross-field and filesystem checks (after JSON-schema validation with defaults); returns
+    the run's settings, whose adapter has loaded the statistics file while checking it."""
+    settings = RunSettings(config)
     policy, rollout, server = config["policy"], config["rollout"], config["server"]
     if server["backend"] == "openpi" and policy["family"] != "pi05":
         raise ConfigError(
@@ -69,7 +81,7 @@ def check_config(config: dict[str, Any]) -> None:
         planned_episodes(config)
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
-    protocol = episode_protocol(config)
+    protocol = settings.protocol
     if rollout["reset_seeding"] == "reference" and not protocol.replays_reference_stream:
         raise ConfigError(
             f"rollout.reset_seeding: reference cannot reproduce protocol {protocol.name}: its "
@@ -77,9 +89,9 @@ def check_config(config: dict[str, Any]) -> None:
             "(docs/protocols.md); use reset_seeding: episode"
         )
     if policy["family"] == "pi05":
-        _check_pi05(config)
+        _check_pi05(config, settings)
     else:
-        _check_cosmos3(config)
+        _check_cosmos3(config, settings)
     num_shards = server["num_slots"] * rollout["shards_per_slot"]
     total_envs = rollout["total_num_envs"]
     if total_envs is not None and total_envs % num_shards:
@@ -105,19 +117,13 @@ def check_config(config: dict[str, Any]) -> None:
             "server.reference.policy scripted plans from privileged state: set "
             "rollout.send_privileged_state: true (or use policy hold)"
         )
+    return settings
 
 
-def _check_pi05(config: dict[str, Any]) -> None:
+def _check_pi05(config: dict[str, Any], settings: RunSettings) -> None:
     """π0.5: the adapter's own checks (statistics, settings), and a server that speaks it."""
-    from libero_eval.policy.adapters.pi05 import Pi05Adapter
-
-    policy, server = config["policy"], config["server"]
-    try:
-        adapter = Pi05Adapter(policy)
-    except (OSError, ValueError) as exc:
-        message = str(exc)
-        where = "" if message.startswith("policy.") else "policy.pi05: "
-        raise ConfigError(where + message) from None
+    server = config["server"]
+    adapter = settings.adapter
     backend = server["backend"]
     if backend == "openpi":
         if adapter.api != "openpi_websocket":
@@ -170,9 +176,7 @@ def _check_pi05(config: dict[str, Any]) -> None:
             )
 
 
-def _check_cosmos3(config: dict[str, Any]) -> None:
-    from libero_eval.policy.actions import load_action_stats, stats_block_for
-
+def _check_cosmos3(config: dict[str, Any], settings: RunSettings) -> None:
     policy, server = config["policy"], config["server"]
     if policy["raw_action_dim"] != 10:
         raise ConfigError(
@@ -200,10 +204,7 @@ def _check_cosmos3(config: dict[str, Any]) -> None:
             f"{Path.cwd()}); point it at a Cosmos3 action-stats JSON such as "
             "config/stats/libero_native_frame_wise_relative_rot6d.json"
         )
-    try:
-        load_action_stats(stats_path, stats_block_for(policy["normalization"]))
-    except ValueError as exc:
-        raise ConfigError(f"policy.action_stats_path: {exc}") from exc
+    settings.adapter  # loads and checks the statistics file  # noqa: B018
     if server["backend"] == "reference":
         reference_stats = Path(server["reference"]["action_stats_path"])
         if not reference_stats.is_file():
@@ -307,6 +308,10 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 def rollout_fingerprint(config: dict[str, Any]) -> str:
     """Hash of every setting that changes an episode's outcome (not throughput knobs)."""
+    return RunSettings(config).fingerprint
+
+
+def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
     rollout = dict(config["rollout"])
     for knob in (
         "envs_per_shard",
@@ -320,27 +325,10 @@ def rollout_fingerprint(config: dict[str, Any]) -> str:
         "videos",
     ):
         rollout.pop(knob, None)
-    if config["policy"]["family"] == "pi05":
-        pi05 = {
-            k: v
-            for k, v in config["policy"]["pi05"].items()
-            if k not in ("wire_format", "response_format")  # transport only
-        }
-        pi05["norm_stats_path"] = _sha256(pi05["norm_stats_path"])
-        policy: dict[str, Any] = {"family": "pi05", "pi05": pi05}
-    else:  # the Cosmos3 fingerprint as before π0.5 existed: earlier results stay valid
-        policy = {
-            k: v
-            for k, v in config["policy"].items()
-            if not k.startswith("http_") and k not in ("transport", "response_format", "pi05")
-        }
-        stats = Path(policy["action_stats_path"])
-        if stats.is_file():
-            policy["action_stats_path"] = hashlib.sha256(stats.read_bytes()).hexdigest()
     return fingerprint(
         {
             "seed": episode_protocol(config).seed,
-            "policy": policy,
+            "policy": adapter.outcome_settings(),
             "rollout": rollout,
             "server": server_policy_settings(config),
         }
@@ -361,7 +349,7 @@ def _gpus_per_slot(config: dict[str, Any]) -> int:
 
 
 def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
-    """Settings of slot `slot`'s server, for `libero_eval.serve.job`."""
+    """Settings of slot `slot`'s server, for `libero_eval.serve.job` (`serve.settings`)."""
     server = config["server"]
     per_slot = _gpus_per_slot(config)
     devices = None
@@ -398,3 +386,112 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
         "sglang": dict(server["sglang"]),
         "openpi": dict(server["openpi"]),
     }
+
+
+class RunSettings:
+    """What a process needs from a validated config, each part derived once, on first use.
+
+    The workflow gets one from `check_config` (in the Snakemake process); a job builds one
+    with `RunSettings(config)` from the config Snakemake hands it.
+    """
+
+    def __init__(self, config: dict[str, Any]):
+        self.config = config
+
+    @property
+    def run_id(self) -> str:
+        return self.config["run_id"]
+
+    @cached_property
+    def protocol(self) -> EpisodeProtocol:
+        return episode_protocol(self.config)
+
+    @cached_property
+    def adapter(self) -> PolicyAdapter:
+        """The policy family's adapter: its settings checked, its statistics file (if the client
+        de-normalizes) loaded, checked and hashed; the one place the statistics are read."""
+        policy = self.config["policy"]
+        try:
+            return make_adapter(policy["family"], policy)
+        except (OSError, ValueError) as exc:
+            message = str(exc)
+            if message.startswith("policy."):
+                raise ConfigError(message) from None
+            field = "policy.pi05" if policy["family"] == "pi05" else "policy.action_stats_path"
+            raise ConfigError(f"{field}: {message}") from None
+
+    @cached_property
+    def action_stats(self) -> dict[str, str | None]:
+        """The client's statistics file and its hash, as the provenance records them."""
+        return self.adapter.statistics()
+
+    @cached_property
+    def shards(self) -> tuple[Shard, ...]:
+        """The plan: episodes in shards on server slots (`results/<run>/plan.csv`)."""
+        return tuple(shards(self.config))
+
+    @property
+    def envs_per_shard(self) -> int:
+        return envs_per_shard(self.config)
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """Hash of every setting that changes an episode's outcome (not throughput knobs)."""
+        return _fingerprint(self.config, self.adapter)
+
+    def server(self, slot: int) -> dict[str, Any]:
+        """Slot `slot`'s server settings, for `libero_eval.serve.job`."""
+        return server_settings(self.config, slot)
+
+    def render_plan(self, slot: int) -> RenderPlan:
+        """Where slot `slot`'s env workers render (`rollout.render_device`), as env variables."""
+        rollout = self.config["rollout"]
+        return plan_render_env(
+            rollout["render_device"],
+            mujoco_gl=rollout["mujoco_gl"],
+            slot_gpu_ids=self.server(slot)["gpu_id"],
+            backend=self.config["server"]["backend"],
+        )
+
+    def shard_settings(
+        self,
+        shard: str,
+        slot: int,
+        envs_per_shard: int,
+        event_log: Path | None = None,
+        video_dir: Path | None = None,
+        render: RenderPlan | None = None,
+    ) -> ShardSettings:
+        """A shard's settings. `envs_per_shard` is what its job got: Snakemake may have lowered
+        `rollout.envs_per_shard` (the rule's threads) to --cores; `video_dir` is used only with
+        `rollout.videos.enabled`."""
+        policy, rollout = self.config["policy"], self.config["rollout"]
+        videos = rollout["videos"]
+        return ShardSettings(
+            run_id=self.run_id,
+            shard=shard,
+            slot=slot,
+            protocol=self.protocol,
+            env=EnvSettings(
+                camera_size=rollout["camera_size"],
+                render_mode=rollout["render_mode"],
+                send_privileged_state=rollout["send_privileged_state"],
+                reset_seeding=rollout["reset_seeding"],
+                video_stride=videos["frame_stride"] if videos["enabled"] else 0,
+                mujoco_gl=rollout["mujoco_gl"],
+                render_env=dict(render.env) if render else {},
+            ),
+            policy_family=policy["family"],
+            policy_settings=dict(policy),
+            client=ClientSettings(
+                timeout_s=policy["http_timeout_s"],
+                max_retries=policy["http_max_retries"],
+                retry_backoff_s=policy["http_retry_backoff_s"],
+            ),
+            envs_per_shard=max(1, envs_per_shard),
+            max_inflight_requests=rollout["max_inflight_requests"],
+            batch_timeout_s=rollout["batch_timeout_s"],
+            health_timeout_s=self.config["server"]["health_timeout_s"],
+            event_log=event_log,
+            video_dir=video_dir if videos["enabled"] else None,
+        )
