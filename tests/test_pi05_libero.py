@@ -11,7 +11,8 @@ from test_pi05_adapter import STATS
 from test_pi05_reference import COSMOS3_STATS
 
 from libero_eval.plan import Episode
-from libero_eval.reference.server import ReferenceServerSettings, serve_in_thread
+from libero_eval.reference.server import serve_in_thread
+from libero_eval.reference.settings import ReferenceServerSettings
 from libero_eval.rollout.runner import ShardFailed, run_shard
 from libero_eval.rollout.shard_job import shard_settings
 from libero_eval.store import EpisodeStore
