@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from libero_eval.reference.policies.scripted.geometry import _hand_blocked, _transit
+from libero_eval.reference.policies.scripted.geometry import hand_blocked, transit
 from libero_eval.reference.policies.scripted.robot import FINGERTIP_BELOW_EEF, GRIPPER_CLOSE
 from libero_eval.reference.policies.scripted.scene import (
     PRIVILEGED_STATE_HINT,
     Joint,
     Scene,
-    _wrap,
-    _yaw_for_closing_axis,
+    wrap_angle,
+    yaw_for_closing_axis,
 )
 from libero_eval.reference.policies.scripted.tracking import Plan, Waypoint
 
@@ -24,7 +24,7 @@ DRAG_SPEED = 0.3  # fraction of full speed while dragging a drawer by friction
 PUSH_STANDOFF = 0.04  # end effector this far before the contact point when a push starts
 PUSH_BELOW_TOP = 0.012  # push this far below the top of the lever geom
 
-_RANGE_KEYS = {
+RANGE_KEYS = {
     "open": "default_open_ranges",
     "close": "default_close_ranges",
     "turnon": "default_turnon_ranges",
@@ -49,9 +49,9 @@ def articulated_joint(scene: Scene, name: str) -> Joint:
 
 def joint_goal(scene: Scene, joint: Joint, relation: str) -> float:
     """A joint position safely inside the range that makes ``relation`` true."""
-    values = scene.articulation.get(joint.owner, {}).get(_RANGE_KEYS[relation])
+    values = scene.articulation.get(joint.owner, {}).get(RANGE_KEYS[relation])
     if not values:
-        raise NotImplementedError(f"{joint.owner} has no {_RANGE_KEYS[relation]} to {relation}")
+        raise NotImplementedError(f"{joint.owner} has no {RANGE_KEYS[relation]} to {relation}")
     low, high = float(min(values)), float(max(values))
     margin = min((high - low) / 2, 0.15 if joint.type == "hinge" else 0.008)
     if abs(joint.qpos - low) <= abs(joint.qpos - high):
@@ -61,7 +61,7 @@ def joint_goal(scene: Scene, joint: Joint, relation: str) -> float:
 
 def joint_satisfied(scene: Scene, joint: Joint, relation: str) -> bool:
     """Whether the joint is already in the range for ``relation`` (as the goal check sees it)."""
-    values = scene.articulation.get(joint.owner, {}).get(_RANGE_KEYS[relation])
+    values = scene.articulation.get(joint.owner, {}).get(RANGE_KEYS[relation])
     if not values:
         return False
     return float(min(values)) <= joint.qpos <= float(max(values)) or (
@@ -151,7 +151,7 @@ def plan_articulation(scene: Scene, relation: str, name: str) -> Plan:
     eef = scene.eef_pos
     push = plan_push(joint, target, eef)
     yaw = (
-        _yaw_for_closing_axis(np.array([-push.direction[1], push.direction[0]]), scene.eef_yaw)
+        yaw_for_closing_axis(np.array([-push.direction[1], push.direction[0]]), scene.eef_yaw)
         if joint.type == "slide"
         else None
     )
@@ -172,7 +172,7 @@ def plan_articulation(scene: Scene, relation: str, name: str) -> Plan:
     above = push.start + np.array([0.0, 0.0, 0.06])
     waypoints = []
     if float(np.linalg.norm(eef[:2] - push.start[:2])) > 0.02:
-        waypoints += _transit(
+        waypoints += transit(
             scene,
             eef,
             above,
@@ -201,12 +201,12 @@ def plan_pull_drawer(scene: Scene, joint: Joint, target_qpos: float) -> Plan:
     drag_end = press + flat_direction * travel
     # hand thin side toward the drag unless turning the other way is quicker and the hand
     # (then long along the drag) clears everything above the handle
-    across_yaw = _yaw_for_closing_axis(np.array([-direction[1], direction[0]]), scene.eef_yaw)
-    along_yaw = _yaw_for_closing_axis(direction, scene.eef_yaw)
+    across_yaw = yaw_for_closing_axis(np.array([-direction[1], direction[0]]), scene.eef_yaw)
+    along_yaw = yaw_for_closing_axis(direction, scene.eef_yaw)
     yaw = across_yaw
-    if abs(_wrap(along_yaw - scene.eef_yaw)) < abs(_wrap(across_yaw - scene.eef_yaw)) and not (
-        _hand_blocked(scene, press[:2], along_yaw, handle[5] + FINGERTIP_BELOW_EEF)
-    ):
+    if abs(wrap_angle(along_yaw - scene.eef_yaw)) < abs(
+        wrap_angle(across_yaw - scene.eef_yaw)
+    ) and not (hand_blocked(scene, press[:2], along_yaw, handle[5] + FINGERTIP_BELOW_EEF)):
         yaw = along_yaw
     eef = scene.eef_pos
     offset = eef[:2] - press[:2]
@@ -230,7 +230,7 @@ def plan_pull_drawer(scene: Scene, joint: Joint, target_qpos: float) -> Plan:
     above = press + np.array([0.0, 0.0, 0.06])
     waypoints = []
     if float(np.linalg.norm(offset)) > 0.02:
-        waypoints += _transit(
+        waypoints += transit(
             scene,
             eef,
             above,

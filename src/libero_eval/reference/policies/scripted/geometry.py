@@ -69,7 +69,7 @@ def hand_clearance_height(
     return height - HAND_BOTTOM_ABOVE_EEF + 0.015
 
 
-def _horizontal_axes(body: Body) -> list[tuple[np.ndarray, float]]:
+def horizontal_axes(body: Body) -> list[tuple[np.ndarray, float]]:
     """The body's two most horizontal local axes as (unit xy direction, extent along it)."""
     local_extent = _local_extent(body)
     verticality = np.abs(body.rot[2, :])
@@ -93,7 +93,7 @@ def _local_extent(body: Body) -> np.ndarray:
     return np.maximum(np.abs(body.rot.T) @ body.size, 1e-3)
 
 
-def _hand_blocked(
+def hand_blocked(
     scene: Scene, xy: np.ndarray, yaw: float, z: float, exclude: set[str] | None = None
 ) -> bool:
     """Whether any body or articulated part's box reaches into the hand's box (above the
@@ -120,7 +120,7 @@ def _hand_blocked(
     return False
 
 
-def _box_gap(low_a: np.ndarray, high_a: np.ndarray, low_b: np.ndarray, high_b: np.ndarray) -> float:
+def box_gap(low_a: np.ndarray, high_a: np.ndarray, low_b: np.ndarray, high_b: np.ndarray) -> float:
     """Distance between two axis-aligned rectangles (negative: overlap depth)."""
     gaps = np.maximum(low_b - high_a, low_a - high_b)
     if np.all(gaps < 0):
@@ -128,7 +128,7 @@ def _box_gap(low_a: np.ndarray, high_a: np.ndarray, low_b: np.ndarray, high_b: n
     return float(np.linalg.norm(np.maximum(gaps, 0.0)))
 
 
-def _transit(
+def transit(
     scene: Scene,
     start: np.ndarray,
     goal: np.ndarray,

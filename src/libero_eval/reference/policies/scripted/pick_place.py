@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from libero_eval.reference.policies.scripted.geometry import (
-    _box_gap,
-    _hand_blocked,
-    _horizontal_axes,
-    _transit,
+    box_gap,
+    hand_blocked,
+    horizontal_axes,
+    transit,
 )
 from libero_eval.reference.policies.scripted.robot import (
     FINGERTIP_BELOW_EEF,
@@ -33,8 +33,8 @@ from libero_eval.reference.policies.scripted.scene import (
     PRIVILEGED_STATE_HINT,
     Body,
     Scene,
-    _wrap,
-    _yaw_for_closing_axis,
+    wrap_angle,
+    yaw_for_closing_axis,
 )
 from libero_eval.reference.policies.scripted.tracking import Plan, Waypoint
 
@@ -106,7 +106,7 @@ def _fingers_blocked(
 def _grasp_cost(scene: Scene, point_xy: np.ndarray, yaw: float) -> float:
     """Approximate steps to reach a grasp: translation and rotation run in parallel."""
     travel = float(np.linalg.norm(point_xy - scene.eef_pos[:2]))
-    turn = abs(_wrap(yaw - scene.eef_yaw))
+    turn = abs(wrap_angle(yaw - scene.eef_yaw))
     max_speed = METRES_PER_STEP_PER_ACTION * float(TRANSLATION_ACTION_HIGH.min())
     max_turn = RADIANS_PER_STEP_PER_ACTION * float(ROTATION_ACTION_LIMIT[2])
     return max(travel / max_speed, turn / max_turn)
@@ -130,7 +130,7 @@ def plan_grasp(scene: Scene, body: Body) -> Grasp:
             gap = _clearance(body, direction) - radius
             if _fingers_blocked(scene, body, point, direction, z):
                 gap = min(gap, 0.0)
-            yaw = _yaw_for_closing_axis(direction, current_yaw)
+            yaw = yaw_for_closing_axis(direction, current_yaw)
             options.append(
                 (gap >= FINGER_ROOM_RIM, _grasp_cost(scene, point, yaw), gap, point, yaw)
             )
@@ -140,7 +140,7 @@ def plan_grasp(scene: Scene, body: Body) -> Grasp:
         else:
             _, _, _, point_xy, yaw = max(options, key=lambda o: o[2])
         return Grasp(pos=np.array([point_xy[0], point_xy[1], z]), yaw=yaw, approach_height=0.07)
-    axes = _horizontal_axes(body)
+    axes = horizontal_axes(body)
     options = []
     for direction, extent in axes:
         # room beyond each side for an open finger; shift the grasp (within the finger's
@@ -150,7 +150,7 @@ def plan_grasp(scene: Scene, body: Body) -> Grasp:
         slack = max(0.0, GRIPPER_WIDTH_OPEN / 2 - extent / 2 - 0.004)
         shift = float(np.clip((plus - minus) / 2, -slack, slack))
         room = min(plus - shift, minus + shift)
-        yaw = _yaw_for_closing_axis(direction, current_yaw)
+        yaw = yaw_for_closing_axis(direction, current_yaw)
         fits = extent <= MAX_GRASP_WIDTH
         cost = _grasp_cost(scene, center[:2], yaw)
         options.append((fits, room >= FINGER_ROOM_BOX, extent, cost, yaw, direction * shift))
@@ -251,7 +251,7 @@ def _free_spot(
         for dy in np.linspace(-reach[1], reach[1], 9):
             point = center + np.array([dx, dy])
             room = min(
-                _box_gap(point - footprint, point + footprint, body.bbox_min[:2], body.bbox_max[:2])
+                box_gap(point - footprint, point + footprint, body.bbox_min[:2], body.bbox_max[:2])
                 for body in others
             )
             score = min(room, 0.03) - 0.05 * float(np.linalg.norm(point - preferred))
@@ -294,7 +294,7 @@ def plan_pick_and_place(
             )
         waypoints = []
         if xy_error > place.xy_tol:
-            waypoints += _transit(
+            waypoints += transit(
                 scene,
                 eef,
                 release,
@@ -341,7 +341,7 @@ def plan_pick_and_place(
         return Plan([descend, close], "descend")
     waypoints = []
     if xy_error > 0.02:
-        waypoints += _transit(
+        waypoints += transit(
             scene,
             eef,
             above,
@@ -368,7 +368,7 @@ def _carry_yaw(
             continue
         c, s = math.cos(turn), math.sin(turn)
         turned = np.array([c * offset[0] - s * offset[1], s * offset[0] + c * offset[1]])
-        if not _hand_blocked(scene, place_xy + turned, yaw, release_z, exclude={held}):
+        if not hand_blocked(scene, place_xy + turned, yaw, release_z, exclude={held}):
             return (None if turn == 0.0 else yaw), turned
     return None, offset
 

@@ -9,12 +9,12 @@ import numpy as np
 
 from libero_eval.reference.policies.base import PolicyItem, ServerPolicy
 from libero_eval.reference.policies.scripted.articulated import (
-    _RANGE_KEYS,
+    RANGE_KEYS,
     joint_goal,
     joint_satisfied,
     plan_articulation,
 )
-from libero_eval.reference.policies.scripted.geometry import _box_gap
+from libero_eval.reference.policies.scripted.geometry import box_gap
 from libero_eval.reference.policies.scripted.pick_place import PlaceTarget, plan_pick_and_place
 from libero_eval.reference.policies.scripted.robot import GRIPPER_OPEN
 from libero_eval.reference.policies.scripted.scene import PRIVILEGED_STATE_HINT, Body, Joint, Scene
@@ -55,13 +55,13 @@ def choose_subgoal(scene: Scene) -> list[str] | None:
     if site is None or not site.joints or site.joints[0] not in scene.joints:
         return chosen
     joint = scene.joints[site.joints[0]]
-    if _RANGE_KEYS["open"] not in scene.articulation.get(joint.owner, {}) or joint_satisfied(
+    if RANGE_KEYS["open"] not in scene.articulation.get(joint.owner, {}) or joint_satisfied(
         scene, joint, "open"
     ):
         return chosen
     body = scene.body(chosen[1])
     sweep = drawer_sweep(scene, joint)
-    in_the_way = _box_gap(body.bbox_min[:2], body.bbox_max[:2], sweep[0], sweep[1]) < 0
+    in_the_way = box_gap(body.bbox_min[:2], body.bbox_max[:2], sweep[0], sweep[1]) < 0
     if body.grasped or in_the_way:
         return ["relocate", chosen[1], joint.name]
     return ["open", chosen[2]]
@@ -95,11 +95,11 @@ def relocation_spot(scene: Scene, body: Body, sweep: tuple[np.ndarray, np.ndarra
     for x in np.arange(-0.3, 0.25, 0.02):
         for y in np.arange(-0.35, 0.35, 0.02):
             point = np.array([x, y])
-            if _box_gap(point - half, point + half, sweep[0], sweep[1]) < 0.035:
+            if box_gap(point - half, point + half, sweep[0], sweep[1]) < 0.035:
                 continue
             room = min(
                 (
-                    _box_gap(point - half, point + half, o.bbox_min[:2], o.bbox_max[:2])
+                    box_gap(point - half, point + half, o.bbox_min[:2], o.bbox_max[:2])
                     for o in others
                 ),
                 default=1.0,
@@ -132,7 +132,7 @@ def plan(scene: Scene) -> Plan:
         return plan_pick_and_place(scene, "on", subgoal[1], "", place=place)
     if relation in ("on", "in") and len(subgoal) == 3:
         return plan_pick_and_place(scene, relation, subgoal[1], subgoal[2])
-    if relation in _RANGE_KEYS and len(subgoal) == 2:
+    if relation in RANGE_KEYS and len(subgoal) == 2:
         return plan_articulation(scene, relation, subgoal[1])
     return _hold_plan(scene, f"unsupported: {subgoal}")
 

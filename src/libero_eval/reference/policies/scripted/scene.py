@@ -186,19 +186,19 @@ def _yaw_of(rot: np.ndarray) -> float:
     return math.atan2(rot[1, 0], rot[0, 0])
 
 
-def _wrap(angle: float) -> float:
+def wrap_angle(angle: float) -> float:
     return (angle + math.pi) % (2 * math.pi) - math.pi
 
 
-def _down_rotation(yaw: float) -> np.ndarray:
+def down_rotation(yaw: float) -> np.ndarray:
     c, s = math.cos(yaw), math.sin(yaw)
     return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]]) @ R_DOWN
 
 
-def _yaw_for_closing_axis(direction_xy: np.ndarray, current_yaw: float) -> float:
+def yaw_for_closing_axis(direction_xy: np.ndarray, current_yaw: float) -> float:
     """Gripper yaw whose finger-closing axis is parallel to ``direction_xy``, nearest the
     current yaw and within [-pi/2, pi/2] of home (wrist joint range)."""
     base = math.atan2(direction_xy[1], direction_xy[0]) + math.pi / 2
-    candidates = [_wrap(base + k * math.pi) for k in (-1, 0, 1)]
+    candidates = [wrap_angle(base + k * math.pi) for k in (-1, 0, 1)]
     candidates = [c for c in candidates if abs(c) <= math.pi / 2 + 1e-6] or candidates
-    return min(candidates, key=lambda c: abs(_wrap(c - current_yaw)))
+    return min(candidates, key=lambda c: abs(wrap_angle(c - current_yaw)))

@@ -19,7 +19,7 @@ from libero_eval.reference.policies.scripted.robot import (
     TRANSLATION_ACTION_HIGH,
     TRANSLATION_ACTION_LOW,
 )
-from libero_eval.reference.policies.scripted.scene import Scene, _down_rotation
+from libero_eval.reference.policies.scripted.scene import Scene, down_rotation
 
 CONTROL_PERIOD = 0.05  # seconds per env step (20 Hz)
 # First-order model of the OSC velocity response: v += RESPONSE_RATE * (commanded - v).
@@ -93,7 +93,7 @@ def track_waypoints(scene: Scene, waypoints: list[Waypoint], horizon: int) -> np
         waiting = waypoint.wait_for_open and width < GRIPPER_READY_WIDTH
         target = pos if waiting else waypoint.pos
         error = target - pos
-        rot_error = Rotation.from_matrix(_down_rotation(yaw_target) @ rot.T).as_rotvec()
+        rot_error = Rotation.from_matrix(down_rotation(yaw_target) @ rot.T).as_rotvec()
         arrived = (
             not waiting
             and float(np.linalg.norm(error)) < waypoint.tol
