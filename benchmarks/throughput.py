@@ -573,7 +573,8 @@ def run_cell(
 
 
 def section_bc(args: argparse.Namespace, env_result: EnvResult | None) -> dict[str, Any]:
-    from libero_eval.reference.server import ReferenceServerSettings, serve_in_thread
+    from libero_eval.reference.server import serve_in_thread
+    from libero_eval.reference.settings import ReferenceServerSettings
 
     settings = ReferenceServerSettings(
         action_stats_path=STATS,
@@ -688,12 +689,9 @@ def _transport_costs(
     from libero_eval.policy.actions import preprocess_observation_image
     from libero_eval.policy.adapters import make_adapter
     from libero_eval.policy.client import PolicyClient
-    from libero_eval.reference.server import (
-        ReferenceServerSettings,
-        decode_body,
-        generation_envelope,
-        parse_generation_request,
-    )
+    from libero_eval.reference.requests import decode_body, parse_generation_request
+    from libero_eval.reference.responses import generation_envelope
+    from libero_eval.reference.settings import ReferenceServerSettings
 
     adapter = make_adapter("cosmos3", {**policy, "transport": transport})
     client = PolicyClient("http://127.0.0.1:9", transport=transport)

@@ -12,7 +12,8 @@ from test_pi05_reference import COSMOS3_STATS
 
 from libero_eval.config import RunSettings
 from libero_eval.plan import Episode
-from libero_eval.reference.server import ReferenceServerSettings, serve_in_thread
+from libero_eval.reference.server import serve_in_thread
+from libero_eval.reference.settings import ReferenceServerSettings
 from libero_eval.rollout.runner import ShardFailed, run_shard
 from libero_eval.store import EpisodeStore
 

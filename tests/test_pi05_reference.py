@@ -16,7 +16,8 @@ from test_pi05_adapter import STATS, adapter, observation
 from libero_eval.policy.adapters import make_adapter
 from libero_eval.policy.client import PolicyClient, PolicyRequestRejected, PolicyResponseError
 from libero_eval.policy.transport import make_client
-from libero_eval.reference.server import ReferenceServerSettings, serve_in_thread
+from libero_eval.reference.server import serve_in_thread
+from libero_eval.reference.settings import ReferenceServerSettings
 
 REPO = Path(__file__).resolve().parents[1]
 COSMOS3_STATS = REPO / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"

@@ -30,7 +30,8 @@ from libero_eval.reference.policies import (
     ServerPolicy,
     make_server_policy,
 )
-from libero_eval.reference.server import ReferenceServerSettings, serve_in_thread
+from libero_eval.reference.server import serve_in_thread
+from libero_eval.reference.settings import ReferenceServerSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STATS_PATH = REPO_ROOT / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"

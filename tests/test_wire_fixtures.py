@@ -12,7 +12,8 @@ import pytest
 import requests
 
 from libero_eval.policy import codec
-from libero_eval.reference.server import ReferenceServerSettings, serve_in_thread
+from libero_eval.reference.server import serve_in_thread
+from libero_eval.reference.settings import ReferenceServerSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "sglang"
