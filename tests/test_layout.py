@@ -50,3 +50,17 @@ def test_the_rollout_side_imports_nothing_of_the_server_side():
     rollout = [m for m in graph if m.startswith("libero_eval.rollout")]
     reached = set().union(*(reachable(graph, m) for m in rollout))
     assert not {m for m in reached if m.startswith(("libero_eval.serve", "libero_eval.reference"))}
+
+
+MAX_LINES = 600
+SIZE_REASON = "Size:"  # a module over MAX_LINES says why in its docstring, after this word
+
+
+def test_no_source_file_is_over_600_lines_without_a_reason_at_its_top():
+    oversized = {
+        module_name(path): len(path.read_text().splitlines())
+        for path in PACKAGE.rglob("*.py")
+        if len(path.read_text().splitlines()) > MAX_LINES
+        and SIZE_REASON not in (ast.get_docstring(ast.parse(path.read_text())) or "")
+    }
+    assert oversized == {}, f"split these modules, or say why not ({SIZE_REASON!r}): {oversized}"
