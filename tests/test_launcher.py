@@ -225,6 +225,35 @@ def test_bad_settings_raise_errors_naming_the_field(data, message):
 # --------------------------------------------------------------------------- commands
 
 
+def test_reference_flags_become_the_reference_servers_own_settings():
+    """The serve side's `server.reference` flags and the reference server's settings are two
+    ends of one command line: every configured value arrives, under its own name."""
+    from libero_eval.reference.server import build_parser, settings_from_args
+
+    configured = {
+        "policy": "scripted",
+        "action_stats_path": "config/stats/libero_native_frame_wise_relative_rot6d.json",
+        "normalization": "quantile",
+        "max_batch_size": 3,
+        "padded_action_dim": 32,
+        "latency_fixed_s": 0.25,
+        "latency_per_item_s": 0.125,
+        "model_name": "reference-scripted",
+        "family": "pi05",
+        "norm_stats_path": "config/stats/pi05_libero_norm_stats.json",
+    }
+    settings = ServerSettings.from_dict(
+        {"backend": "reference", "slot": 0, "port": 31234, "reference": configured}
+    )
+    argv = build_command(settings)[3:]  # after `python -m libero_eval.reference.server`
+    server = settings_from_args(build_parser().parse_args(argv))
+    assert {key: getattr(server, key) for key in configured} == {
+        **configured,
+        "action_stats_path": Path(configured["action_stats_path"]),
+        "norm_stats_path": Path(configured["norm_stats_path"]),
+    }
+
+
 def test_reference_command_passes_every_configured_flag():
     settings = ServerSettings.from_dict(
         {

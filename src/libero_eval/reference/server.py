@@ -504,27 +504,33 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def settings_from_args(args: argparse.Namespace) -> ReferenceServerSettings:
+    """The server's settings from its parsed flags (the serve job writes them with
+    `serve.settings.ReferenceServerFlags.argv`)."""
+    policy_kwargs = json.loads(args.policy_kwargs)
+    if not isinstance(policy_kwargs, dict):
+        raise ValueError(f"--policy-kwargs must be a JSON object, got {args.policy_kwargs!r}")
+    return ReferenceServerSettings(
+        action_stats_path=args.action_stats,
+        policy=args.policy,
+        policy_kwargs=policy_kwargs,
+        normalization=args.normalization,
+        max_batch_size=args.max_batch_size,
+        padded_action_dim=args.padded_action_dim,
+        latency_fixed_s=args.latency_fixed_s,
+        latency_per_item_s=args.latency_per_item_s,
+        model_name=args.model_name,
+        family=args.family,
+        norm_stats_path=args.norm_stats,
+    )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the server until SIGINT/SIGTERM; exit status 2 on bad arguments."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        policy_kwargs = json.loads(args.policy_kwargs)
-        if not isinstance(policy_kwargs, dict):
-            raise ValueError(f"--policy-kwargs must be a JSON object, got {args.policy_kwargs!r}")
-        settings = ReferenceServerSettings(
-            action_stats_path=args.action_stats,
-            policy=args.policy,
-            policy_kwargs=policy_kwargs,
-            normalization=args.normalization,
-            max_batch_size=args.max_batch_size,
-            padded_action_dim=args.padded_action_dim,
-            latency_fixed_s=args.latency_fixed_s,
-            latency_per_item_s=args.latency_per_item_s,
-            model_name=args.model_name,
-            family=args.family,
-            norm_stats_path=args.norm_stats,
-        )
+        settings = settings_from_args(args)
         logging.basicConfig(
             level=args.log_level.upper(),
             stream=sys.stderr,

@@ -26,23 +26,13 @@ def build_command(settings: ServerSettings) -> list[str]:
     if settings.backend == "reference":
         ref = settings.reference
         assert ref is not None
-        cmd = [sys.executable, "-m", "libero_eval.reference.server"]
-        cmd += ["--host", host, "--port", port, "--policy", ref.policy]
-        optional = [
-            ("--action-stats", ref.action_stats_path),
-            ("--normalization", ref.normalization),
-            ("--max-batch-size", ref.max_batch_size),
-            ("--padded-action-dim", ref.padded_action_dim),
-            ("--latency-fixed-s", ref.latency_fixed_s),
-            ("--latency-per-item-s", ref.latency_per_item_s),
-            ("--model-name", ref.model_name),
-            ("--family", ref.family),
-            ("--norm-stats", ref.norm_stats_path),
+        return [
+            sys.executable,
+            "-m",
+            "libero_eval.reference.server",
+            *("--host", host, "--port", port),
+            *ref.argv(),
         ]
-        for flag, value in optional:
-            if value is not None:
-                cmd += [flag, str(value)]
-        return cmd
     if settings.backend == "openpi":
         openpi = settings.openpi
         assert openpi is not None

@@ -97,8 +97,10 @@ def _require(data: Mapping[str, Any], key: str, where: str) -> None:
 
 
 @dataclass(frozen=True)
-class ReferenceServerSettings:
-    """Flags of `libero_eval.reference.server`; None means "leave the server's default"."""
+class ReferenceServerFlags:
+    """The command-line flags the serve job gives `python -m libero_eval.reference.server`
+    (which turns them into its own `reference.settings.ReferenceServerSettings`); None means
+    "leave the server's default"."""
 
     policy: str
     action_stats_path: str | None = None
@@ -112,7 +114,7 @@ class ReferenceServerSettings:
     norm_stats_path: str | None = None
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "server.reference") -> ReferenceServerSettings:
+    def from_dict(cls, data: Any, where: str = "server.reference") -> ReferenceServerFlags:
         if not isinstance(data, Mapping):
             raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
         _check_keys(data, [f.name for f in fields(cls)], where)
@@ -129,6 +131,22 @@ class ReferenceServerSettings:
             family=_get_str(data, "family", where, None),
             norm_stats_path=_get_str(data, "norm_stats_path", where, None),
         )
+
+    def argv(self) -> list[str]:
+        """The flags, in the server's own names (`reference.server.build_parser`)."""
+        flags = [
+            ("--policy", self.policy),
+            ("--action-stats", self.action_stats_path),
+            ("--normalization", self.normalization),
+            ("--max-batch-size", self.max_batch_size),
+            ("--padded-action-dim", self.padded_action_dim),
+            ("--latency-fixed-s", self.latency_fixed_s),
+            ("--latency-per-item-s", self.latency_per_item_s),
+            ("--model-name", self.model_name),
+            ("--family", self.family),
+            ("--norm-stats", self.norm_stats_path),
+        ]
+        return [arg for flag, value in flags if value is not None for arg in (flag, str(value))]
 
 
 @dataclass(frozen=True)
@@ -270,7 +288,7 @@ class ServerSettings:
     teardown_grace_s: float = 20.0
     gpu_id: int | tuple[int, ...] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
-    reference: ReferenceServerSettings | None = None
+    reference: ReferenceServerFlags | None = None
     sglang: SglangServerSettings | None = None
     openpi: OpenpiServerSettings | None = None
 
@@ -310,7 +328,7 @@ class ServerSettings:
         reference = sglang = openpi = None
         if backend == "reference":
             _require(data, "reference", where)
-            reference = ReferenceServerSettings.from_dict(data["reference"], f"{where}.reference")
+            reference = ReferenceServerFlags.from_dict(data["reference"], f"{where}.reference")
         elif backend == "openpi":
             _require(data, "openpi", where)
             openpi = OpenpiServerSettings.from_dict(data["openpi"], f"{where}.openpi")
