@@ -287,12 +287,11 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
                 "policy": reference["policy"],
                 "stats": _sha256(reference["norm_stats_path"]),
             }
-        stats = Path(reference["action_stats_path"])
         return {
             "backend": "reference",
             "policy": reference["policy"],
             "normalization": reference["normalization"],
-            "stats": hashlib.sha256(stats.read_bytes()).hexdigest() if stats.is_file() else None,
+            "stats": _sha256(reference["action_stats_path"]),
         }
     if server["backend"] == "openpi":
         openpi = server["openpi"]
@@ -336,7 +335,8 @@ def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
 
 
 def _sha256(path: str | Path) -> str | None:
-    """Content hash of a statistics file (or of the norm_stats.json in a directory)."""
+    """Content hash of the reference server's statistics file (or of the norm_stats.json in a
+    directory); the client's are hashed by its adapter."""
     path = Path(path)
     if path.is_dir() and (path / "norm_stats.json").is_file():
         path = path / "norm_stats.json"
