@@ -4,7 +4,9 @@ The loop keeps every env busy: a worker that is waiting for actions holds a read
 observation; ready observations are grouped by prompt (the server rejects mixed prompts in a
 batch), cut to the server's max batch size and sent on a small pool of HTTP threads; while a
 request is in flight the other workers keep stepping. Each finished episode is written to the
-episode store at once, so a killed shard loses only the episodes in flight.
+episode store at once, so a killed shard loses only the episodes in flight. Which episode a
+worker runs next, and the shard's counts, are kept by `scheduler.EpisodeScheduler`; this
+module runs the processes, the batches and the policy calls around it.
 
 Failures: an episode whose env raises, or whose policy answer is unusable (NaN, wrong shape,
 undecodable), is recorded with its error and the shard goes on; an env worker process that
@@ -46,6 +48,7 @@ from libero_eval.policy.transport import make_client
 from libero_eval.policy.ws_client import WebsocketPolicyClient
 from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeOutcome, EpisodeSpec
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
+from libero_eval.rollout.scheduler import EpisodeScheduler, RunningEpisode
 from libero_eval.store import EpisodeStore, write_results
 from libero_eval.suites import base_suite
 
@@ -82,21 +85,10 @@ class ShardSettings:
     video_dir: Path | None = None
 
 
-@dataclass
-class _Running:
-    """Bookkeeping of the episode a worker is running."""
-
-    episode: Episode
-    started: float
-    attempt: int = 1
-    latencies: list[float] = field(default_factory=list)
-    task_language: str = ""
-
-
 def _record(
     settings: ShardSettings,
     episode: Episode,
-    running: _Running | None,
+    running: RunningEpisode | None,
     url: str | None,
     outcome: EpisodeOutcome | None = None,
     error: str | None = None,
@@ -189,6 +181,61 @@ class _HttpPool:
                 thread.join()
 
 
+class _Batches:
+    """Observations waiting for actions, by env group, and each group's requests in flight.
+
+    A group sends once all of its running envs are ready (full batches, no idle server while a
+    sibling group steps), or when its oldest ready observation has waited `timeout_s` (a reset
+    or a slow env); it sends nothing more while a request of its own is in flight.
+    """
+
+    def __init__(self, groups: int, timeout_s: float):
+        self.groups = groups
+        self.timeout_s = timeout_s
+        self.ready: list[tuple[int, Observation]] = []
+        self.ready_since: dict[int, float] = {}
+        self.inflight = [0] * groups
+
+    def add(self, worker: int, observation: Observation) -> None:
+        self.ready.append((worker, observation))
+        self.ready_since[worker] = time.monotonic()
+
+    def wait_timeout(self) -> float:
+        """How long to wait for workers: until the batch timeout of a group that could send
+        (none in flight), at most 1 s."""
+        deadline = min(
+            (t for i, t in self.ready_since.items() if not self.inflight[i % self.groups]),
+            default=None,
+        )
+        if deadline is None:
+            return 1.0
+        return max(0.0, min(1.0, deadline + self.timeout_s - time.monotonic()))
+
+    def take_due(
+        self, group: int, stepping: bool, max_batch_size: int, now: float
+    ) -> list[tuple[int, Observation]]:
+        """Take `group`'s ready observations if it sends now (else none); `stepping`: one of
+        its running envs is still stepping."""
+        if self.inflight[group]:
+            return []
+        mine = [item for item in self.ready if item[0] % self.groups == group]
+        if not mine:
+            return []
+        oldest = min(self.ready_since[index] for index, _ in mine)
+        if stepping and len(mine) < max_batch_size and now - oldest < self.timeout_s:
+            return []
+        self.ready[:] = [item for item in self.ready if item[0] % self.groups != group]
+        return mine
+
+    def sent(self, group: int, batch: list[tuple[int, Observation]]) -> None:
+        for index, _ in batch:
+            self.ready_since.pop(index, None)
+        self.inflight[group] += 1
+
+    def answered(self, batch: list[tuple[int, Observation]]) -> None:
+        self.inflight[batch[0][0] % self.groups] -= 1
+
+
 class ShardRunner:
     """Runs one shard's episodes against one policy server."""
 
@@ -270,211 +317,34 @@ class ShardRunner:
 
     def _run_pending(self, pending: list[Episode], done_before: int, total: int) -> None:
         s = self.settings
-        todo = list(pending)
         workers = [
             EnvWorker(i, s.env, s.protocol) for i in range(min(s.envs_per_shard, len(pending)))
         ]
-        running: dict[int, _Running] = {}
-        ready: list[tuple[int, Observation]] = []
-        ready_since: dict[int, float] = {}
         groups = max(1, min(s.max_inflight_requests, len(workers)))
-        group_inflight = [0] * groups
-        inflight = 0
-        done = done_before
-        successes = 0
-        persisted = 0  # episodes this process wrote (fault injection counts these)
-        starts = 0  # first attempts of episodes started by this process
-        bad_in_a_row = 0  # consecutive unusable policy answers
-        nan_chunk_for: set[int] = set()  # workers whose next chunk a fault turns into NaN
-        faults = self.faults
+        # the state of this run, shared by the loop's steps below
+        self._workers = workers
+        self._scheduler = EpisodeScheduler(
+            pending, groups, done_before, total, s.max_episode_attempts, self.progress
+        )
+        self._batches = _Batches(groups, s.batch_timeout_s)
+        self._bad_in_a_row = 0  # consecutive unusable policy answers
+        self._nan_chunk_for: set[int] = set()  # workers whose next chunk a fault turns into NaN
         # enough threads for every env's request in flight when the server takes one
         # observation per request (π0.5: throughput comes from requests in flight)
         per_request = -(-len(workers) // max(1, self.max_batch_size))
         pool = _HttpPool(max(4, s.max_inflight_requests, per_request), self._call_policy)
         fatal: BaseException | None = None
-
-        def next_episode_for(worker: EnvWorker) -> Episode | None:
-            """The next episode for `worker`: its own task first (no env rebuild), then the
-            task its group's other envs run (same prompt, so they share a batch), else the
-            next in plan order."""
-            if not todo:
-                return None
-            group = worker.index % groups
-            wanted = [running[worker.index].episode] if worker.index in running else []
-            wanted += [
-                info.episode
-                for index, info in running.items()
-                if index % groups == group and index != worker.index
-            ]
-            for episode in wanted:
-                for i, candidate in enumerate(todo):
-                    if (candidate.suite, candidate.task_id) == (episode.suite, episode.task_id):
-                        return todo.pop(i)
-            return todo.pop(0)
-
-        def start(worker: EnvWorker, episode: Episode, attempt: int = 1) -> None:
-            nonlocal starts
-            running[worker.index] = _Running(episode, time.perf_counter(), attempt)
-            spec = EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id)
-            if faults is not None and attempt == 1:
-                starts += 1
-                if starts == faults.crash_env_at_episode:
-                    spec.fault = "crash"
-                elif starts == faults.raise_env_at_episode:
-                    spec.fault = "raise"
-                elif starts == faults.nan_action_at_episode:
-                    nan_chunk_for.add(worker.index)
-            worker.send("start", spec)
-
-        def finish(worker: EnvWorker, record: dict[str, Any]) -> None:
-            nonlocal done, successes, persisted
-            episode = running[worker.index].episode
-            self.store.write(episode, record)
-            persisted += 1
-            done += 1
-            successes += int(record["success_once"])
-            line = episode_line(
-                episode.task_id,
-                episode.init_state_id,
-                record["success_once"],
-                episode.suite,
-                record["steps"],
-            )
-            if record["error"]:
-                line += f", error={record['error'].splitlines()[0]}"
-            log_event(s.event_log, f"rollout {s.shard}", line)
-            if self.progress:
-                self.progress(done, total, successes)
-            if faults is not None:
-                faults.after_episode_persisted(s.shard, persisted)
-            following = next_episode_for(worker)
-            del running[worker.index]
-            if following is not None:
-                start(worker, following)
-
-        def fail_episode(worker: EnvWorker, message: str) -> None:
-            info = running[worker.index]
-            finish(worker, _record(s, info.episode, info, self.url, error=message))
-
         try:
             for worker in workers:
-                start(worker, next_episode_for(worker))
-            while running:
+                self._start(worker, self._scheduler.next_for(worker.index))
+            while not self._scheduler.all_done:
                 conns = [w.conn for w in workers if w.busy]
-                # Wake up for the batch timeout of a group that could send (none in flight).
-                deadline = min(
-                    (t for i, t in ready_since.items() if not group_inflight[i % groups]),
-                    default=None,
-                )
-                timeout = 1.0
-                if deadline is not None:
-                    timeout = max(0.0, min(1.0, deadline + s.batch_timeout_s - time.monotonic()))
-                for ready_obj in wait([*conns, self._wake_reader], timeout=timeout):
-                    if ready_obj is self._wake_reader:
-                        continue
-                    worker = next(w for w in workers if w.conn is ready_obj)
-                    status, result = worker.receive()
-                    info = running[worker.index]
-                    if status == "died":
-                        worker.restart()
-                        if info.attempt < s.max_episode_attempts:
-                            print(
-                                f"[{s.shard}] {result}; retrying {info.episode.key}",
-                                file=sys.stderr,
-                            )
-                            start(worker, info.episode, info.attempt + 1)
-                        else:
-                            fail_episode(worker, result)
-                    elif status == "error":
-                        fail_episode(worker, result)
-                    elif isinstance(result, EpisodeOutcome):
-                        video = None
-                        if s.video_dir is not None and result.frames:
-                            video = _save_video(
-                                result.frames, s.video_dir, info.episode, result.success_once
-                            )
-                        finish(
-                            worker,
-                            _record(s, info.episode, info, self.url, result, video_path=video),
-                        )
-                    else:
-                        info.task_language = result.task_language
-                        ready.append((worker.index, result))
-                        ready_since[worker.index] = time.monotonic()
-                # HTTP completions
-                try:
-                    while True:
-                        self._wake_reader.recv(4096)
-                except BlockingIOError:
-                    pass
-                while True:
-                    try:
-                        batch, (status, value, latency) = self._done_queue.get_nowait()
-                    except queue.Empty:
-                        break
-                    inflight -= 1
-                    group_inflight[batch[0][0] % groups] -= 1
-                    if status == "error" and isinstance(
-                        value, PolicyRequestRejected | PolicyServerUnavailable
-                    ):
-                        raise ShardFailed(
-                            f"{s.shard}: policy server {self.url} failed: {value}"
-                        ) from value
-                    if status == "error" and isinstance(value, PolicyResponseError):
-                        bad_in_a_row += 1
-                        if bad_in_a_row >= s.max_consecutive_bad_responses:
-                            raise ShardFailed(
-                                f"{s.shard}: policy server {self.url} gave {bad_in_a_row} "
-                                f"unusable answers in a row, last: {value}. Check that the "
-                                "URL points at a policy server of the configured family "
-                                "(policy.family) and read its log"
-                            ) from value
-                    elif status == "ok":
-                        bad_in_a_row = 0
-                    for position, (index, _obs) in enumerate(batch):
-                        worker = workers[index]
-                        running[index].latencies.append(latency)
-                        if status == "error":
-                            kind = (
-                                "bad policy response"
-                                if isinstance(value, PolicyResponseError)
-                                else type(value).__name__
-                            )
-                            fail_episode(worker, f"{kind}: {value}")
-                        else:
-                            chunk = value[position]
-                            if index in nan_chunk_for:
-                                nan_chunk_for.discard(index)
-                                chunk = np.full_like(np.asarray(chunk, dtype=float), np.nan)
-                            worker.send("chunk", chunk)
-                # Each env group sends once all of its running envs are ready (full batches,
-                # no idle server while a sibling group steps), or when its oldest ready
-                # observation has waited batch_timeout_s (a reset or a slow env).
-                now = time.monotonic()
-                for group in range(groups):
-                    if group_inflight[group]:
-                        continue
-                    mine = [item for item in ready if item[0] % groups == group]
-                    if not mine:
-                        continue
-                    stepping = any(
-                        w.busy for w in workers if w.index % groups == group and w.index in running
-                    )
-                    oldest = min(ready_since[index] for index, _ in mine)
-                    if (
-                        stepping
-                        and len(mine) < self.max_batch_size
-                        and now - oldest < s.batch_timeout_s
-                    ):
-                        continue
-                    ready[:] = [item for item in ready if item[0] % groups != group]
-                    while mine:
-                        batch = self._take_batch(mine)
-                        for index, _ in batch:
-                            ready_since.pop(index, None)
-                        inflight += 1
-                        group_inflight[group] += 1
-                        pool.submit(batch)
+                timeout = self._batches.wait_timeout()
+                for ready in wait([*conns, self._wake_reader], timeout=timeout):
+                    if ready is not self._wake_reader:
+                        self._on_env_message(next(w for w in workers if w.conn is ready))
+                self._on_policy_answers()
+                self._send_due_batches(pool)
         except BaseException as exc:
             fatal = exc
             raise
@@ -488,6 +358,138 @@ class ShardRunner:
             if fatal is None:
                 for client in self._clients:
                     client.close()
+
+    def _start(self, worker: EnvWorker, episode: Episode) -> None:
+        self._send_start(worker, self._scheduler.start(worker.index, episode))
+
+    def _send_start(self, worker: EnvWorker, running: RunningEpisode) -> None:
+        """Send `worker` the episode it now runs, with any fault injected at its start."""
+        episode = running.episode
+        spec = EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id)
+        faults = self.faults
+        if faults is not None and running.attempt == 1:
+            starts = self._scheduler.first_attempts
+            if starts == faults.crash_env_at_episode:
+                spec.fault = "crash"
+            elif starts == faults.raise_env_at_episode:
+                spec.fault = "raise"
+            elif starts == faults.nan_action_at_episode:
+                self._nan_chunk_for.add(worker.index)
+        worker.send("start", spec)
+
+    def _finish(self, worker: EnvWorker, record: dict[str, Any]) -> None:
+        """Store and log `worker`'s finished episode, then start its next one."""
+        s = self.settings
+        episode = self._scheduler.running_on(worker.index).episode
+        self.store.write(episode, record)
+        line = episode_line(
+            episode.task_id,
+            episode.init_state_id,
+            record["success_once"],
+            episode.suite,
+            record["steps"],
+        )
+        if record["error"]:
+            line += f", error={record['error'].splitlines()[0]}"
+        log_event(s.event_log, f"rollout {s.shard}", line)
+        following = self._scheduler.finish(worker.index, record["success_once"])
+        if self.faults is not None:
+            self.faults.after_episode_persisted(s.shard, self._scheduler.finished_here)
+        if following is not None:
+            self._start(worker, following)
+
+    def _fail(self, worker: EnvWorker, message: str) -> None:
+        info = self._scheduler.running_on(worker.index)
+        self._finish(worker, _record(self.settings, info.episode, info, self.url, error=message))
+
+    def _on_env_message(self, worker: EnvWorker) -> None:
+        """An env worker answered: its env died or raised, its episode ended, or it is ready."""
+        s = self.settings
+        status, result = worker.receive()
+        info = self._scheduler.running_on(worker.index)
+        if status == "died":
+            worker.restart()
+            retry = self._scheduler.retry(worker.index)
+            if retry is None:
+                self._fail(worker, result)
+            else:
+                print(f"[{s.shard}] {result}; retrying {info.episode.key}", file=sys.stderr)
+                self._send_start(worker, retry)
+        elif status == "error":
+            self._fail(worker, result)
+        elif isinstance(result, EpisodeOutcome):
+            video = None
+            if s.video_dir is not None and result.frames:
+                video = _save_video(result.frames, s.video_dir, info.episode, result.success_once)
+            self._finish(worker, _record(s, info.episode, info, self.url, result, video_path=video))
+        else:
+            info.task_language = result.task_language
+            self._batches.add(worker.index, result)
+
+    def _on_policy_answers(self) -> None:
+        """Hand the finished policy calls' action chunks to their workers."""
+        try:
+            while True:
+                self._wake_reader.recv(4096)
+        except BlockingIOError:
+            pass
+        while True:
+            try:
+                batch, (status, value, latency) = self._done_queue.get_nowait()
+            except queue.Empty:
+                return
+            self._batches.answered(batch)
+            self._check_server(status, value)
+            for position, (index, _obs) in enumerate(batch):
+                worker = self._workers[index]
+                self._scheduler.running_on(index).latencies.append(latency)
+                if status == "error":
+                    kind = (
+                        "bad policy response"
+                        if isinstance(value, PolicyResponseError)
+                        else type(value).__name__
+                    )
+                    self._fail(worker, f"{kind}: {value}")
+                else:
+                    chunk = value[position]
+                    if index in self._nan_chunk_for:
+                        self._nan_chunk_for.discard(index)
+                        chunk = np.full_like(np.asarray(chunk, dtype=float), np.nan)
+                    worker.send("chunk", chunk)
+
+    def _check_server(self, status: str, value: Any) -> None:
+        """Fail the shard on a server that is gone, rejects requests, or keeps answering
+        garbage; an unusable answer alone fails only its episodes."""
+        s = self.settings
+        if status == "error" and isinstance(value, PolicyRequestRejected | PolicyServerUnavailable):
+            raise ShardFailed(f"{s.shard}: policy server {self.url} failed: {value}") from value
+        if status == "error" and isinstance(value, PolicyResponseError):
+            self._bad_in_a_row += 1
+            if self._bad_in_a_row >= s.max_consecutive_bad_responses:
+                raise ShardFailed(
+                    f"{s.shard}: policy server {self.url} gave {self._bad_in_a_row} "
+                    f"unusable answers in a row, last: {value}. Check that the "
+                    "URL points at a policy server of the configured family "
+                    "(policy.family) and read its log"
+                ) from value
+        elif status == "ok":
+            self._bad_in_a_row = 0
+
+    def _send_due_batches(self, pool: _HttpPool) -> None:
+        """Send the ready observations of each env group that is due (see `_Batches`)."""
+        now = time.monotonic()
+        for group in range(self._batches.groups):
+            stepping = any(
+                w.busy
+                for w in self._workers
+                if self._scheduler.group_of(w.index) == group
+                and self._scheduler.is_running(w.index)
+            )
+            due = self._batches.take_due(group, stepping, self.max_batch_size, now)
+            while due:
+                batch = self._take_batch(due)
+                self._batches.sent(group, batch)
+                pool.submit(batch)
 
     def _take_batch(self, ready: list[tuple[int, Observation]]) -> list[tuple[int, Observation]]:
         """The oldest prompt group among ready observations, up to the max batch size."""
