@@ -170,18 +170,9 @@ def plan_articulation(scene: Scene, relation: str, name: str) -> Plan:
             "push",
         )
     above = push.start + np.array([0.0, 0.0, 0.06])
-    waypoints = []
-    if float(np.linalg.norm(eef[:2] - push.start[:2])) > 0.02:
-        waypoints += transit(
-            scene,
-            eef,
-            above,
-            exclude=set(),
-            extra_below=FINGERTIP_BELOW_EEF,
-            gripper=GRIPPER_CLOSE,
-            yaw=yaw,
-        )
-    waypoints.append(Waypoint(pos=above, gripper=GRIPPER_CLOSE, yaw=yaw, tol=0.01))
+    waypoints = _closed_approach(
+        scene, eef, above, yaw, far=float(np.linalg.norm(eef[:2] - push.start[:2])) > 0.02
+    )
     waypoints.append(Waypoint(pos=push.start, gripper=GRIPPER_CLOSE, yaw=yaw, tol=0.006, speed=0.7))
     waypoints.append(Waypoint(pos=push.end, gripper=GRIPPER_CLOSE, yaw=yaw, tol=0.005, speed=0.6))
     return Plan(waypoints, "approach-push")
@@ -228,18 +219,7 @@ def plan_pull_drawer(scene: Scene, joint: Joint, target_qpos: float) -> Plan:
             "drag",
         )
     above = press + np.array([0.0, 0.0, 0.06])
-    waypoints = []
-    if float(np.linalg.norm(offset)) > 0.02:
-        waypoints += transit(
-            scene,
-            eef,
-            above,
-            exclude=set(),
-            extra_below=FINGERTIP_BELOW_EEF,
-            gripper=GRIPPER_CLOSE,
-            yaw=yaw,
-        )
-    waypoints.append(Waypoint(pos=above, gripper=GRIPPER_CLOSE, yaw=yaw, tol=0.01))
+    waypoints = _closed_approach(scene, eef, above, yaw, far=float(np.linalg.norm(offset)) > 0.02)
     waypoints.append(
         Waypoint(
             pos=press,
@@ -262,3 +242,24 @@ def plan_pull_drawer(scene: Scene, joint: Joint, target_qpos: float) -> Plan:
         )
     )
     return Plan(waypoints, "approach-drag")
+
+
+def _closed_approach(
+    scene: Scene, eef: np.ndarray, above: np.ndarray, yaw: float, far: bool
+) -> list[Waypoint]:
+    """With the gripper closed: a transit to `above` when `far`, then settle there."""
+    waypoints = (
+        transit(
+            scene,
+            eef,
+            above,
+            exclude=set(),
+            extra_below=FINGERTIP_BELOW_EEF,
+            gripper=GRIPPER_CLOSE,
+            yaw=yaw,
+        )
+        if far
+        else []
+    )
+    waypoints.append(Waypoint(pos=above, gripper=GRIPPER_CLOSE, yaw=yaw, tol=0.01))
+    return waypoints
