@@ -1,5 +1,7 @@
 """Fixtures and builders shared by the test files."""
 
+import tempfile
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,18 @@ EPISODE_RECORD: dict[str, Any] = {
     "video_path": None,
     "error": None,
 }
+
+
+@cache
+def pi05_checkpoint(lineage: str, **layout: Any) -> Path:
+    """A π0.5 checkpoint directory laid out as its lineage's real one is (config files,
+    statistics and tokenizer stand-ins; no weights), written once per test session.
+    ``layout``: e.g. ``chunk_size`` / ``action_horizon``, LeRobot's ``normalization``."""
+    from libero_eval.policy import pi05_layouts
+
+    root = Path(tempfile.mkdtemp(prefix=f"pi05_{lineage}_"))
+    write = {"lerobot": pi05_layouts.write_lerobot, "openpi": pi05_layouts.write_openpi}[lineage]
+    return pi05_layouts.write_tokenizer_standins(write(root / "checkpoint", **layout))
 
 
 def make_record(**fields: Any) -> dict[str, Any]:

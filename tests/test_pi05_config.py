@@ -10,22 +10,37 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import pi05_checkpoint
 from snakemake.utils import validate
 from test_cosmos3_config import dry_run, overlay
 
 from libero_eval import config as settings
 
 REPO = Path(__file__).resolve().parents[1]
-SGLANG_CONFIG = REPO / "config" / "libero_pi05_sglang.yaml"
+SGLANG_CONFIG = REPO / "config" / "libero_pi05_sglang.yaml"  # LeRobot lineage
+OPENPI_SGLANG_CONFIG = REPO / "config" / "libero_pi05_openpi_sglang.yaml"
 OPENPI_CONFIG = REPO / "config" / "libero_pi05_openpi.yaml"
 BASE = REPO / "config" / "config.yaml"
 
 
+def local_checkpoint(path: Path = SGLANG_CONFIG) -> dict:
+    """Stands for the user's paths overlay: the shipped config's model_path, made local (a
+    directory laid out as that config's checkpoint is)."""
+    if path == OPENPI_SGLANG_CONFIG:
+        checkpoint = pi05_checkpoint("openpi")
+    else:  # lerobot/pi05_libero_finetuned_v044: mean/std statistics
+        checkpoint = pi05_checkpoint("lerobot", normalization="MEAN_STD")
+    return {"server": {"sglang": {"model_path": str(checkpoint)}}}
+
+
 def merged(*paths: Path, **sections) -> dict:
-    """Configs merged as Snakemake does (config.yaml first), before and after validation."""
+    """Configs merged as Snakemake does (config.yaml first), before and after validation;
+    the SGLang config's checkpoint is a local LeRobot-layout directory."""
     config: dict = {}
     for path in (BASE, *paths):
         _deep_update(config, yaml.safe_load(path.read_text()))
+        if path in (SGLANG_CONFIG, OPENPI_SGLANG_CONFIG):
+            _deep_update(config, local_checkpoint(path))
     _deep_update(config, copy.deepcopy(sections))
     return config
 
@@ -45,7 +60,9 @@ def checked(config: dict) -> dict:
     return config
 
 
-@pytest.mark.parametrize("path", [SGLANG_CONFIG, OPENPI_CONFIG], ids=["sglang", "openpi"])
+@pytest.mark.parametrize(
+    "path", [OPENPI_SGLANG_CONFIG, OPENPI_CONFIG], ids=["openpi-sglang", "openpi"]
+)
 def test_pi05_configs_validate_with_the_openpi_protocol(path):
     config = checked(merged(path))
     assert config["rollout"]["protocol"] == "openpi"
@@ -114,7 +131,8 @@ def test_fingerprints_separate_families_and_keep_cosmos3s():
 
 
 def test_pi05_sglang_dry_run_has_one_pi05_server_per_gpu(tmp_path):
-    result = dry_run(SGLANG_CONFIG, overlay(tmp_path, plan={"suites": ["libero_spatial"]}))
+    paths = overlay(tmp_path, plan={"suites": ["libero_spatial"]}, **local_checkpoint())
+    result = dry_run(SGLANG_CONFIG, paths)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out, flags=re.M))
@@ -126,7 +144,9 @@ def test_pi05_sglang_dry_run_has_one_pi05_server_per_gpu(tmp_path):
 
 
 def test_the_workflow_refuses_a_cosmos3_field_in_a_pi05_config(tmp_path):
-    result = dry_run(SGLANG_CONFIG, overlay(tmp_path, policy={"size": "320x192"}))
+    result = dry_run(
+        SGLANG_CONFIG, overlay(tmp_path, policy={"size": "320x192"}, **local_checkpoint())
+    )
     assert result.returncode != 0
     assert (
         "policy.size: Cosmos3 setting(s), but policy.family is pi05"

@@ -82,7 +82,8 @@ def check_config(config: dict[str, Any]) -> RunSettings:
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     protocol = settings.protocol
-    if rollout["reset_seeding"] == "reference" and not protocol.replays_reference_stream:
+    reproducible = protocol.replays_reference_stream or protocol.seed_per_trial
+    if rollout["reset_seeding"] == "reference" and not reproducible:
         raise ConfigError(
             f"rollout.reset_seeding: reference cannot reproduce protocol {protocol.name}: its "
             "reference seeds each reset from the env's rank and slot, not from the episode "
@@ -120,6 +121,20 @@ def check_config(config: dict[str, Any]) -> RunSettings:
     return settings
 
 
+def adapter_policy(config: dict[str, Any]) -> dict[str, Any]:
+    """``policy.*`` with ``policy.pi05.checkpoint`` resolved: null means the checkpoint the
+    SGLang server loads (``server.sglang.model_path``), which decides the request layout."""
+    policy = config["policy"]
+    pi05 = policy.get("pi05") or {}
+    if policy.get("family") != "pi05" or pi05.get("checkpoint") is not None:
+        return policy
+    server = config.get("server") or {}
+    if server.get("backend") != "sglang" or pi05.get("api") == "openpi_websocket":
+        return policy
+    model_path = (server.get("sglang") or {}).get("model_path")
+    return {**policy, "pi05": {**pi05, "checkpoint": model_path}} if model_path else policy
+
+
 def _check_pi05(config: dict[str, Any], settings: RunSettings) -> None:
     """π0.5: the adapter's own checks (statistics, settings), and a server that speaks it."""
     server = config["server"]
@@ -150,22 +165,10 @@ def _check_pi05(config: dict[str, Any], settings: RunSettings) -> None:
                 f"server.sglang.pipeline_class_name is {sglang['pipeline_class_name']!r}; "
                 f"π0.5 is served by SGLang's {PI05_PIPELINE_CLASS}: set it"
             )
-        model_path = sglang["model_path"]
-        if not model_path:
+        if not sglang["model_path"]:
             raise ConfigError(
-                "server.sglang.model_path is not set: point it at the π0.5 checkpoint "
-                "(a LeRobot π0.5 directory with config.json, or its Hugging Face id)"
-            )
-        local = Path(model_path)
-        if local.is_dir() and not (local / "config.json").is_file():
-            raise ConfigError(
-                f"server.sglang.model_path: {model_path} has no config.json; it must be a "
-                "LeRobot π0.5 checkpoint directory (config.json, model.safetensors)"
-            )
-        if not local.exists() and (model_path.startswith((".", "/")) or model_path.count("/") != 1):
-            raise ConfigError(
-                f"server.sglang.model_path: {model_path} does not exist (relative paths start "
-                f"at {Path.cwd()}) and is no Hugging Face id (org/name)"
+                "server.sglang.model_path is not set: point it at the local π0.5 checkpoint "
+                "directory (its config.json decides the cameras, state width and chunk size)"
             )
     else:
         stats = Path(server["reference"]["norm_stats_path"])
@@ -407,10 +410,16 @@ class RunSettings:
         return episode_protocol(self.config)
 
     @cached_property
+    def policy(self) -> dict[str, Any]:
+        """``policy.*`` as the adapter takes it: a π0.5 checkpoint left null is the SGLang
+        server's own model directory (``server.sglang.model_path``)."""
+        return adapter_policy(self.config)
+
+    @cached_property
     def adapter(self) -> PolicyAdapter:
         """The policy family's adapter: its settings checked, its statistics file (if the client
         de-normalizes) loaded, checked and hashed; the one place the statistics are read."""
-        policy = self.config["policy"]
+        policy = self.policy
         try:
             return make_adapter(policy["family"], policy)
         except (OSError, ValueError) as exc:
@@ -482,7 +491,7 @@ class RunSettings:
                 render_env=dict(render.env) if render else {},
             ),
             policy_family=policy["family"],
-            policy_settings=dict(policy),
+            policy_settings=dict(self.policy),
             client=ClientSettings(
                 timeout_s=policy["http_timeout_s"],
                 max_retries=policy["http_max_retries"],

@@ -98,9 +98,14 @@ def cosmos3_parse(body: bytes, content_type: str) -> dict[str, Any]:
 # --- π0.5 ------------------------------------------------------------------------------------
 
 
-def _pi05_server_args(batching_max_size: int = 1):
+def _pi05_server_args(batching_max_size: int = 1, checkpoint: str | None = None):
     from sglang.multimodal_gen.configs.pipeline_configs.pi05 import Pi05PipelineConfig
 
+    pipeline_config = Pi05PipelineConfig()
+    if checkpoint is not None:  # what SGLang's worker does when it loads the model
+        from sglang.multimodal_gen.runtime.models.vlas.pi05_policy import Pi05PolicyModel
+
+        Pi05PolicyModel._apply_checkpoint_config(checkpoint, pipeline_config)
     return SimpleNamespace(  # as SGLang's test/unit/test_pi05_action_api.py builds it
         model_id=None,
         model_path="lerobot/pi05_base",
@@ -114,7 +119,7 @@ def _pi05_server_args(batching_max_size: int = 1):
         ring_degree=1,
         kv_gather_degree=1,
         batching_max_size=batching_max_size,
-        pipeline_config=Pi05PipelineConfig(),
+        pipeline_config=pipeline_config,
     )
 
 
@@ -137,8 +142,11 @@ class _RecordingTokenizer:
         }
 
 
-def pi05_parse(body: bytes, content_type: str, route: str) -> dict[str, Any]:
-    """Our body through SGLang's π0.5 request handling, up to the model's input tensors."""
+def pi05_parse(
+    body: bytes, content_type: str, route: str, checkpoint: str | None = None
+) -> dict[str, Any]:
+    """Our body through SGLang's π0.5 request handling, up to the model's input tensors; with
+    ``checkpoint``, SGLang's config first rewritten from that directory's config.json."""
     from sglang.multimodal_gen.runtime.entrypoints.action import api, openpi
     from sglang.multimodal_gen.runtime.entrypoints.action.protocol import (
         build_action_sampling_params,
@@ -148,7 +156,7 @@ def pi05_parse(body: bytes, content_type: str, route: str) -> dict[str, Any]:
         pi05_preprocess,
     )
 
-    server_args = _pi05_server_args()
+    server_args = _pi05_server_args(checkpoint=checkpoint)
     if route == "http":  # api.py create_action_generation
         payload = unpack_msgpack(body) if "msgpack" in content_type else json.loads(body)
         if "msgpack" in content_type:
@@ -164,7 +172,17 @@ def pi05_parse(body: bytes, content_type: str, route: str) -> dict[str, Any]:
     preprocessor.config = server_args.pipeline_config
     preprocessor.tokenizer = _RecordingTokenizer()
     batch = preprocessor(observation)
+    config = server_args.pipeline_config
     return {
+        "config": {
+            "image_keys": list(config.image_keys),
+            "state_dim": config.state_dim,
+            "action_horizon": config.action_horizon,
+            "action_dim": config.action_dim,
+            "max_token_len": config.max_token_len,
+        },
+        "tokens": np.asarray(batch.tokens).reshape(-1).tolist(),
+        "token_masks": np.asarray(batch.token_masks).reshape(-1).tolist(),
         "sampling_params": type(params).__name__,
         "request_id": params.request_id,
         "prompt": params.prompt,
@@ -173,7 +191,7 @@ def pi05_parse(body: bytes, content_type: str, route: str) -> dict[str, Any]:
         "num_inference_steps": params.num_inference_steps,
         "output_format": params.output_format,
         "response_format": response_format,
-        "full_prompt": preprocessor.tokenizer.prompts[0],
+        "full_prompt": (preprocessor.tokenizer.prompts or [None])[0],
         "state": np.asarray(batch.state, dtype=np.float32).tolist(),
         "images": {
             key: {
@@ -183,6 +201,26 @@ def pi05_parse(body: bytes, content_type: str, route: str) -> dict[str, Any]:
             }
             for key, tensor in batch.images.items()
         },
+    }
+
+
+def hf_tokenize(tokenizer_json: str, text: str, max_length: int) -> dict[str, Any]:
+    """LeRobot's TokenizerProcessorStep call (lerobot processor/tokenizer_processor.py:263-270)
+    on a Hugging Face fast tokenizer built from ``tokenizer_json``."""
+    from transformers import PreTrainedTokenizerFast
+
+    tokenizer = PreTrainedTokenizerFast(tokenizer_file=tokenizer_json, pad_token="<pad>")
+    encoded = tokenizer(
+        [text],
+        max_length=max_length,
+        truncation=True,
+        padding="max_length",
+        padding_side="right",
+        return_tensors="np",
+    )
+    return {
+        "input_ids": encoded["input_ids"][0].tolist(),
+        "attention_mask": encoded["attention_mask"][0].astype(bool).tolist(),
     }
 
 
@@ -296,6 +334,7 @@ OPS = {
     for name in (
         "cosmos3_parse",
         "pi05_parse",
+        "hf_tokenize",
         "pi05_response",
         "pi05_error_frame",
         "pi05_metadata",

@@ -12,6 +12,8 @@ written here from the model families' specifications and independent of the clie
 - π0.5 (openpi LIBERO): each camera rotated 180 degrees and resized with padding (PIL bilinear,
   zeros centred, as ``openpi_client.image_tools.resize_with_pad``); base = agentview, left
   wrist = wrist, right wrist = zeros with mask False.
+- π0.5 (LeRobot LIBERO): each camera rotated 180 degrees, unresized (the model resizes), under
+  the checkpoint's camera names.
 """
 
 from __future__ import annotations
@@ -76,6 +78,11 @@ def pi05_image(frame: np.ndarray, size: int) -> np.ndarray:
     canvas = Image.new("RGB", (size, size))
     canvas.paste(resized, (int((size - new_w) / 2), int((size - new_h) / 2)))
     return np.asarray(canvas)
+
+
+def lerobot_image(frame: np.ndarray) -> np.ndarray:
+    """LeRobot's LIBERO camera image (``LiberoProcessorStep``: both axes flipped), uint8."""
+    return np.ascontiguousarray(np.rot90(frame, 2))
 
 
 def compare(received: Any, expected: np.ndarray, what: str, convention: str) -> None:

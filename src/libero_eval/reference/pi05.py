@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from libero_eval.policy import openpi_transforms as T
+from libero_eval.policy.pi05_checkpoint import Pi05Layout, read_checkpoint
 from libero_eval.reference import image_check
 from libero_eval.reference.policies import PolicyItem
 
-IMAGE_KEYS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 STATE_TOLERANCE = 1e-3  # float32 round trip of a normalized state, in metres / radians
 
 
@@ -41,19 +41,41 @@ class Pi05RequestError(ValueError):
 
 @dataclass(frozen=True)
 class Pi05Model:
-    """The model side: its statistics and shapes (SGLang's Pi05PipelineConfig defaults)."""
+    """The model side: its statistics and its layout, as SGLang derives it from a checkpoint
+    (``policy/pi05_checkpoint.py``), or SGLang's Pi05PipelineConfig defaults."""
 
     stats: T.NormStats
     normalization: str = "quantile"
-    state_dim: int = 32
-    action_horizon: int = 50
-    action_dim: int = 32
+    layout: Pi05Layout = Pi05Layout.sglang_default()
     image_size: int = 224
 
+    @property
+    def state_dim(self) -> int:
+        return self.layout.state_dim
+
+    @property
+    def action_horizon(self) -> int:
+        return self.layout.action_horizon
+
+    @property
+    def action_dim(self) -> int:
+        return self.layout.action_dim
+
     @classmethod
-    def load(cls, norm_stats_path: str | Path, **shapes: Any) -> Pi05Model:
-        stats = T.load_norm_stats(norm_stats_path)
-        model = cls(stats=stats, **shapes)
+    def load(cls, norm_stats_path: str | Path, **fields: Any) -> Pi05Model:
+        """``norm_stats_path`` is a statistics file, or a checkpoint directory (its
+        ``config.json`` gives the layout and it carries its statistics)."""
+        path = Path(norm_stats_path)
+        if path.is_dir() and (path / "config.json").is_file():
+            layout = read_checkpoint(path)
+            if layout.stats_path is None:
+                raise ValueError(f"checkpoint {path} carries no statistics")
+            fields["layout"], path = layout, layout.stats_path
+        stats = T.load_norm_stats(path)
+        recorded = stats.state_mode or stats.actions_mode
+        if recorded in ("quantile", "zscore"):  # the checkpoint's own choice
+            fields.setdefault("normalization", recorded)
+        model = cls(stats=stats, **fields)
         T.check_stats(stats, model.normalization, T.LIBERO_STATE_DIM, T.LIBERO_ACTION_DIM)
         return model
 
@@ -126,15 +148,26 @@ def parse_request(payload: Any, model: Pi05Model, *, websocket: bool) -> Pi05Req
             raise Pi05RequestError("Pi05 v1 expects one prompt per action request")
         prompt = prompt[0]
     images = observation.get("images")
+    layout = model.layout
+    keys = list(layout.camera_keys)
     if not isinstance(images, dict) or not images:
-        raise Pi05RequestError(f"π0.5 requests need observation.images keyed by {list(IMAGE_KEYS)}")
-    unknown = sorted(set(images) - set(IMAGE_KEYS))
+        raise Pi05RequestError(f"π0.5 requests need observation.images keyed by {keys}")
+    unknown = sorted(set(images) - set(keys))
     if unknown:
         raise Pi05RequestError(
-            f"unknown image key(s) {unknown}; the model's are {list(IMAGE_KEYS)}"
+            f"unknown image key(s) {unknown}; the model's are {keys} ({layout.describe()}). "
+            "SGLang would ignore them and feed the model blank images: the client's camera "
+            "names do not follow the checkpoint's config.json"
         )
     masks = observation.get("image_masks") or {}
     arrays = {key: _image(value, key) for key, value in images.items() if value is not None}
+    for key, view in layout.camera_views.items():
+        present = key in arrays and bool(masks.get(key, True))
+        if view is not None and not present:
+            raise Pi05RequestError(
+                f"camera {key} ({view}) is missing or masked: the model would see a blank "
+                f"image ({layout.describe()})"
+            )
     state = observation.get("state")
     if state is None:
         raise Pi05RequestError("π0.5 requests need observation.state (normalized, padded)")
@@ -150,6 +183,7 @@ def parse_request(payload: Any, model: Pi05Model, *, websocket: bool) -> Pi05Req
         raise Pi05RequestError(
             f"state entries {T.LIBERO_STATE_DIM}..{model.state_dim - 1} must be zero padding"
         )
+    _check_tokens(observation, layout)
     if privileged is not None:
         _check_state(state[: T.LIBERO_STATE_DIM], privileged, model)
         _check_images(arrays, masks, privileged, model)
@@ -162,11 +196,12 @@ def parse_request(payload: Any, model: Pi05Model, *, websocket: bool) -> Pi05Req
         response_format = str(runtime.get("response_format", "envelope")).lower()
         if response_format not in ("envelope", "raw"):
             raise Pi05RequestError("runtime.response_format must be 'envelope' or 'raw'")
-    base = arrays.get("base_0_rgb")
+    agentview_key = next(k for k, v in layout.camera_views.items() if v == "agentview")
+    base = arrays.get(agentview_key)
     return Pi05Request(
         request_id=str(payload.get("request_id") or uuid.uuid4()),
         item=PolicyItem(
-            image=base if base is not None else np.zeros((1, 1, 3), np.uint8),
+            image=_uint8(base) if base is not None else np.zeros((1, 1, 3), np.uint8),
             prompt=str(prompt),
             privileged_state=privileged,
         ),
@@ -175,6 +210,37 @@ def parse_request(payload: Any, model: Pi05Model, *, websocket: bool) -> Pi05Req
         num_inference_steps=int(parameters.get("num_inference_steps", 10)),
         response_format=response_format,
     )
+
+
+def _uint8(image: np.ndarray) -> np.ndarray:
+    """A float image in [0, 1] (LeRobot lineage) as uint8, for the policy's PolicyItem."""
+    if np.issubdtype(image.dtype, np.floating):
+        return np.clip(np.round(image * 255.0), 0, 255).astype(np.uint8)
+    return image.astype(np.uint8)
+
+
+def _check_tokens(observation: dict[str, Any], layout: Pi05Layout) -> None:
+    """openpi-trained checkpoints need openpi's prompt as tokens; SGLang's own prompt is the
+    LeRobot lineage's (and the default layout's), so tokens there are refused."""
+    tokens = observation.get("tokens")
+    if layout.lineage == "openpi":
+        if tokens is None or observation.get("token_masks") is None:
+            raise Pi05RequestError(
+                "this openpi-trained checkpoint needs openpi's prompt as tokens / token_masks: "
+                "without them SGLang builds LeRobot's prompt ('Task: ..., State: ...;"
+                "\\nAction: ') from the state, which openpi never trained on"
+            )
+        width = _array(tokens, "tokens").reshape(-1).shape[0]
+        if width != layout.max_token_len:
+            raise Pi05RequestError(
+                f"tokens has {width} entries; openpi pads the prompt to max_token_len "
+                f"{layout.max_token_len}"
+            )
+    elif tokens is not None:
+        raise Pi05RequestError(
+            f"tokens sent to a {layout.lineage} checkpoint: its prompt is the one SGLang builds "
+            "from the state; send no tokens"
+        )
 
 
 OPENPI_ACTION_HORIZON = 10  # openpi's pi05_libero config answers 10 LIBERO actions
@@ -265,6 +331,9 @@ def _check_images(
     if frames is None:
         return
     agentview, wrist = frames
+    if model.layout.lineage == "lerobot":
+        _check_lerobot_images(arrays, {"agentview": agentview, "wrist": wrist}, model.layout)
+        return
     expected = {
         "base_0_rgb": image_check.pi05_image(agentview, model.image_size),
         "left_wrist_0_rgb": image_check.pi05_image(wrist, model.image_size),
@@ -288,6 +357,31 @@ def _check_images(
             "image check failed: right_wrist_0_rgb must be zeros with mask False (openpi's "
             "LIBERO inputs for π0 / π0.5)"
         )
+
+
+def _check_lerobot_images(
+    arrays: dict[str, np.ndarray], frames: dict[str, np.ndarray], layout: Pi05Layout
+) -> None:
+    """LeRobot's LIBERO images: each camera rotated 180 degrees (``LiberoProcessorStep``), in
+    [0, 1] as float32, at the rendered size (the model resizes)."""
+    convention = (
+        f"LeRobot LIBERO: rotated 180 degrees, float32 in [0, 1], unresized; cameras "
+        f"{dict(layout.camera_views)}"
+    )
+    for key, view in layout.camera_views.items():
+        if view is None:
+            continue
+        received = np.asarray(arrays[key])
+        if not np.issubdtype(received.dtype, np.floating) or received.max(initial=0) > 1.0:
+            raise Pi05RequestError(
+                f"image check failed for {key}: LeRobot's pipeline feeds the model float "
+                f"images in [0, 1], the client sent {received.dtype} ({convention})"
+            )
+        expected = image_check.lerobot_image(frames[view])
+        try:
+            image_check.compare(np.round(received * 255.0), expected, key, convention)
+        except image_check.ImageCheckError as exc:
+            raise Pi05RequestError(str(exc)) from exc
 
 
 def model_actions(chunk: np.ndarray, request: Pi05Request, model: Pi05Model) -> np.ndarray:
@@ -350,7 +444,7 @@ def metadata(model: Pi05Model, model_name: str, policy: str) -> dict[str, Any]:
         "model_path": f"reference://{policy}",
         "policy_family": "pi05",
         "input": {
-            "image_keys": list(IMAGE_KEYS),
+            "image_keys": list(model.layout.camera_keys),
             "image_size": [model.image_size, model.image_size],
             "state_dim": model.state_dim,
         },

@@ -301,7 +301,7 @@ class LiberoEpisodeEnv:
             spec.task_id,
             spec.init_state_id,
         )
-        if self.settings.reset_seeding == "episode":
+        if self.settings.reset_seeding == "episode" or self.protocol.seed_per_trial:
             np.random.seed(seed)
             self._env.reset()
             return

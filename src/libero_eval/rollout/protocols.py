@@ -51,6 +51,16 @@ RLINF_MAX_STEPS = {
 }
 
 
+# LeRobot 0.6.1 envs/libero.py TASK_SUITE_MAX_STEPS (policy steps; the waits come on top).
+LEROBOT_MAX_STEPS = {
+    "libero_spatial": 280,
+    "libero_object": 280,
+    "libero_goal": 300,
+    "libero_10": 520,
+    "libero_90": 400,
+}
+
+
 @dataclass(frozen=True)
 class EpisodeProtocol:
     """How one episode runs.
@@ -69,6 +79,8 @@ class EpisodeProtocol:
     seed: the protocol's seed (openpi 7, cosmos-framework 0, RLinf 0).
     replays_reference_stream: the reference seeds once per task and runs trials in order, so
         `reset_seeding: reference` can reproduce its stream exactly.
+    seed_per_trial: the reference seeds every reset with `seed + trial` (lerobot-eval's
+        `start_seed + episode index`), which `reset_seeding: reference` reproduces directly.
     """
 
     name: str
@@ -82,6 +94,7 @@ class EpisodeProtocol:
     actions_per_query: int | None = None
     run_whole_chunks: bool = False
     replays_reference_stream: bool = False
+    seed_per_trial: bool = False
 
     def max_steps_for(self, suite: str) -> int:
         """The step limit of `suite`'s base suite (settle steps included when
@@ -139,6 +152,22 @@ PROTOCOLS: dict[str, EpisodeProtocol] = {
         actions_per_query=5,
         replays_reference_stream=True,
     ),
+    # LeRobot 0.6.1 lerobot-eval on LIBERO (envs/libero.py, scripts/lerobot_eval.py): reset
+    # seeded with 1000 + episode index (episode i of a task takes init state i), 10 waits
+    # inside reset() that the step count does not see, then the suite's limit, stop at
+    # success; the published π0.5 run executes n_action_steps=10 actions per query.
+    "lerobot": EpisodeProtocol(
+        name="lerobot",
+        settle_steps=10,
+        settle_within_limit=False,
+        count_settle_steps=False,
+        stop_at_success=True,
+        seed=1000,
+        max_steps=dict(LEROBOT_MAX_STEPS),
+        default_max_steps=400,
+        actions_per_query=10,
+        seed_per_trial=True,
+    ),
 }
 
 
@@ -188,12 +217,13 @@ def reset_seed_of(
     """The seed the env sets for this episode's reset stream (recorded in the result row).
 
     Under `reference`, the stream starts from the protocol seed and the env replays the
-    `init_state_id` earlier resets of the task first.
+    `init_state_id` earlier resets of the task first; a protocol that seeds every trial
+    (`seed_per_trial`, LeRobot) takes `seed + init_state_id` and replays nothing.
     """
     if reset_seeding == "episode":
         return episode_seed(protocol.seed, *_seeding_episode(suite, task_id), init_state_id)
     if reset_seeding == "reference":
-        return protocol.seed
+        return protocol.seed + (int(init_state_id) if protocol.seed_per_trial else 0)
     raise ValueError(
         f"rollout.reset_seeding: {reset_seeding!r} is not one of {list(RESET_SEEDINGS)}"
     )

@@ -13,12 +13,26 @@
   (``observation/image``, ``observation/wrist_image``, ``observation/state`` (8), ``prompt``)
   as ``examples/libero/main.py`` sends it; the server normalizes and answers ``actions`` [N, 7].
 
-With SGLang the client does what openpi's server would (SGLang normalizes nothing): images
-rotated and resized with padding to 224, the right wrist zeros with mask False, the 8-D state
-normalized with the checkpoint's statistics and zero-padded to the model's state dim (SGLang
-discretizes it into the prompt), and the ``[H, D]`` model-space answer de-normalized, cut to
-the first 7 channels and to ``replan_steps`` rows. SGLang takes one observation per request
-(metadata ``capabilities.batch_inputs: false``); throughput comes from requests in flight.
+With SGLang the client does what the checkpoint's own training pipeline did before the model
+(SGLang normalizes nothing), and the checkpoint decides how (``policy/pi05_checkpoint.py``
+reads its ``config.json`` as SGLang does; ``docs/pi05.md`` cites every value):
+
+- **LeRobot lineage**: the checkpoint's camera names (``image`` = agentview, ``image2`` =
+  wrist), each frame rotated 180 degrees (LeRobot's ``LiberoProcessorStep``) and sent as
+  float32 in [0, 1] at its rendered size, so SGLang's resize is LeRobot's bilinear resize of
+  float images exactly; the 8-D state normalized by the checkpoint's normalizer, unpadded;
+  SGLang builds the prompt ``"Task: ..., State: ...;\nAction: "`` as LeRobot >= 0.5 does.
+- **openpi lineage**: openpi's slots (``base_0_rgb``, ``left_wrist_0_rgb``, right wrist zeros
+  with mask False), images resized with padding to 224 on the client
+  (``examples/libero/main.py``), the state normalized and padded to 32
+  (``PadStatesAndActions``), and openpi's prompt sent pre-tokenized as ``tokens`` /
+  ``token_masks`` (``policy/paligemma.py``): no state for ``discrete_state_input: false``.
+- **no checkpoint** (the CPU reference server): SGLang's defaults, openpi's slots, the state
+  padded to ``pad_state_to`` and discretized by the server.
+
+The ``[H, D]`` model-space answer is de-normalized, cut to the first 7 channels and to
+``replan_steps`` rows. SGLang takes one observation per request (metadata
+``capabilities.batch_inputs: false``); throughput comes from requests in flight.
 """
 
 from __future__ import annotations
@@ -26,23 +40,33 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
 from PIL import Image
 
 from libero_eval.policy import openpi_transforms as T
+from libero_eval.policy import paligemma
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
 from libero_eval.policy.client import PolicyResponseError
+from libero_eval.policy.pi05_checkpoint import Pi05Layout, read_checkpoint
 
 APIS = ("sglang_http", "sglang_websocket", "openpi_websocket")
+OPENPI_SERVER_HORIZON = 10  # openpi pi05_libero answers [10, 7] (action_horizon=10)
+TEST_STATS = "config/stats/pi05_libero_norm_stats.json"  # made-up values of the right format
 DEFAULTS: dict[str, Any] = {
     "api": "sglang_http",
-    "norm_stats_path": "config/stats/pi05_libero_norm_stats.json",
-    "normalization": "quantile",
-    "pad_state_to": 32,
-    "action_horizon": 50,
-    "model_action_dim": 32,
+    "checkpoint": None,  # a local checkpoint directory; null: server.sglang.model_path
+    "camera_views": None,  # checkpoint camera name -> agentview | wrist | null
+    "discrete_state_input": None,  # openpi lineage: the training config's (not in the files)
+    "tokenizer_path": None,  # PaliGemma's tokenizer file (client-side prompts)
+    "lerobot_prompt": "unpadded",  # LeRobot >= 0.5; padded: LeRobot <= 0.4.4's 32-wide state
+    "norm_stats_path": None,  # null: the checkpoint's own (else the test file)
+    "normalization": "quantile",  # refused where the checkpoint's norm_map says otherwise
+    "pad_state_to": "checkpoint",  # the checkpoint's state width; null: the 8 values unpadded
+    "action_horizon": None,  # null: the checkpoint's chunk_size
+    "model_action_dim": None,  # null: the checkpoint's max_action_dim
     "num_inference_steps": 10,
     "replan_steps": 5,
     "image_size": 224,
@@ -51,11 +75,13 @@ DEFAULTS: dict[str, Any] = {
 }
 CHOICES = {
     "api": APIS,
+    "lerobot_prompt": ("unpadded", "padded"),
     "normalization": ("quantile", "zscore"),
     "wire_format": ("msgpack", "json"),
     "response_format": ("envelope", "raw"),
 }
-_POSITIVE_INTS = ("action_horizon", "model_action_dim", "num_inference_steps", "replan_steps")
+_POSITIVE_INTS = ("num_inference_steps", "replan_steps", "image_size")
+_OPTIONAL_INTS = ("action_horizon", "model_action_dim")
 
 
 def _png_base64(image: np.ndarray) -> dict[str, str]:
@@ -82,31 +108,50 @@ def _pi05_settings(settings: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(
                 f"policy.pi05.{key} must be one of {list(allowed)}, got {merged[key]!r}"
             )
-    for key in (*_POSITIVE_INTS, "image_size"):
+    for key in (*_POSITIVE_INTS, *_OPTIONAL_INTS):
         value = merged[key]
+        if value is None and key in _OPTIONAL_INTS:
+            continue
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"policy.pi05.{key} must be an integer >= 1, got {value!r}")
     pad = merged["pad_state_to"]
-    if pad is not None and (isinstance(pad, bool) or not isinstance(pad, int) or pad < 8):
+    if pad not in (None, "checkpoint") and (
+        isinstance(pad, bool) or not isinstance(pad, int) or pad < 8
+    ):
         raise ValueError(
-            f"policy.pi05.pad_state_to must be null or an integer >= 8 (LIBERO's state has 8 "
-            f"entries), got {pad!r}"
+            f"policy.pi05.pad_state_to must be checkpoint, null or an integer >= 8 (LIBERO's "
+            f"state has 8 entries), got {pad!r}"
         )
-    if merged["model_action_dim"] < T.LIBERO_ACTION_DIM:
+    if merged["model_action_dim"] is not None and merged["model_action_dim"] < T.LIBERO_ACTION_DIM:
         raise ValueError(
             f"policy.pi05.model_action_dim must be >= {T.LIBERO_ACTION_DIM}, got "
             f"{merged['model_action_dim']}"
         )
-    if merged["replan_steps"] > merged["action_horizon"]:
+    dsi = merged["discrete_state_input"]
+    if dsi is not None and not isinstance(dsi, bool):
         raise ValueError(
-            f"policy.pi05.replan_steps ({merged['replan_steps']}) cannot exceed "
-            f"policy.pi05.action_horizon ({merged['action_horizon']})"
+            f"policy.pi05.discrete_state_input must be true, false or null, got {dsi!r}"
         )
     return merged
 
 
+def _agree(name: str, configured: Any, derived: Any, layout: Pi05Layout) -> Any:
+    """The checkpoint's value; a configured one that contradicts it is refused, naming both."""
+    if configured is None or configured == derived:
+        return derived
+    raise ValueError(
+        f"policy.pi05.{name} is {configured!r} but the checkpoint says {derived!r} "
+        f"({layout.describe()}). Remove policy.pi05.{name} (the checkpoint decides) or use "
+        "the checkpoint it was meant for"
+    )
+
+
+def _same_path(a: str | Path, b: str | Path) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
+
+
 class Pi05Adapter(PolicyAdapter):
-    """π0.5 on LIBERO with openpi's transforms (see the module docstring)."""
+    """π0.5 on LIBERO by its checkpoint's lineage (see the module docstring)."""
 
     family: ClassVar[str] = "pi05"
 
@@ -114,10 +159,6 @@ class Pi05Adapter(PolicyAdapter):
         s = _pi05_settings(settings)
         self._pi05 = dict(settings.get("pi05", settings))  # as configured (the fingerprint's)
         self.api: str = s["api"]
-        self.normalization: str = s["normalization"]
-        self.pad_state_to: int | None = s["pad_state_to"]
-        self.action_horizon: int = s["action_horizon"]
-        self.model_action_dim: int = s["model_action_dim"]
         self.num_inference_steps: int = s["num_inference_steps"]
         self.replan_steps: int = s["replan_steps"]
         self.image_size: int = s["image_size"]
@@ -130,17 +171,113 @@ class Pi05Adapter(PolicyAdapter):
             sglang = self.api == "sglang_websocket"
             self.websocket_path = "/openpi/policy" if sglang else ""
             self.health_path = "/health" if sglang else "/healthz"
+        self.layout = Pi05Layout.sglang_default()
         self.stats: T.NormStats | None = None
         self.stats_sha256: str | None = None
-        if self.api != "openpi_websocket":  # openpi's server normalizes with its own stats
+        self.checkpoint_sha256: str | None = None
+        self.tokenizer_model: Path | None = None  # openpi: SentencePiece model
+        self.tokenizer_json: Path | None = None  # LeRobot <= 0.4.4: Hugging Face tokenizer
+        self.discrete_state_input: bool | None = None
+        if self.api == "openpi_websocket":  # openpi's server holds the rest
+            self.normalization = s["normalization"]
+            self.action_horizon = s["action_horizon"] or OPENPI_SERVER_HORIZON
+            self.model_action_dim = T.LIBERO_ACTION_DIM
+            self.pad_state_to = None
+            return
+        if s["checkpoint"] is not None:
+            self.layout = read_checkpoint(s["checkpoint"], s["camera_views"])
+            config_json = Path(s["checkpoint"]) / "config.json"
+            self.checkpoint_sha256 = hashlib.sha256(config_json.read_bytes()).hexdigest()
+        layout = self.layout
+        self.action_horizon: int = _agree(
+            "action_horizon", s["action_horizon"], layout.action_horizon, layout
+        )
+        self.model_action_dim: int = _agree(
+            "model_action_dim", s["model_action_dim"], layout.action_dim, layout
+        )
+        # LeRobot: the STATE feature's width (8), which LeRobot >= 0.5 discretizes unpadded;
+        # openpi: PadStatesAndActions to the model's 32; no checkpoint: SGLang's default 32
+        pad = s["pad_state_to"]
+        configured = T.LIBERO_STATE_DIM if pad is None else pad
+        if layout.lineage == "sglang_default":
+            width = layout.state_dim if pad == "checkpoint" else configured
+        else:
+            asked = None if pad == "checkpoint" else configured
+            width = _agree("pad_state_to", asked, layout.state_dim, layout)
+        self.pad_state_to: int = width
+        if self.pad_state_to < T.LIBERO_STATE_DIM:
+            raise ValueError(
+                f"the checkpoint's state width is {self.pad_state_to}, narrower than LIBERO's "
+                f"{T.LIBERO_STATE_DIM}-D state ({layout.describe()})"
+            )
+        if self.pad_state_to > layout.state_dim:
+            raise ValueError(
+                f"policy.pi05.pad_state_to {self.pad_state_to} is wider than the model's state "
+                f"dim {layout.state_dim}: SGLang refuses it (Pi05 state dim must be <= "
+                f"{layout.state_dim})"
+            )
+        if self.replan_steps > self.action_horizon:
+            raise ValueError(
+                f"policy.pi05.replan_steps ({self.replan_steps}) cannot exceed the action "
+                f"horizon ({self.action_horizon}; {layout.describe()})"
+            )
+        stats_path = s["norm_stats_path"]
+        if stats_path is not None and not Path(stats_path).exists():
             try:
-                self.stats = T.load_norm_stats(s["norm_stats_path"])
-                T.check_stats(
-                    self.stats, self.normalization, T.LIBERO_STATE_DIM, T.LIBERO_ACTION_DIM
-                )
+                T.load_norm_stats(stats_path)  # says what is missing and what to give
             except (OSError, ValueError) as exc:
                 raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
-            self.stats_sha256 = hashlib.sha256(self.stats.source.read_bytes()).hexdigest()
+        if layout.stats_path is not None:
+            if stats_path is not None and not _same_path(stats_path, layout.stats_path):
+                raise ValueError(
+                    f"policy.pi05.norm_stats_path is {stats_path} but the checkpoint carries its "
+                    f"own statistics ({layout.stats_path}): remove policy.pi05.norm_stats_path"
+                )
+            stats_path = layout.stats_path
+        elif stats_path is None:
+            if layout.source is not None:
+                raise ValueError(
+                    f"the checkpoint {layout.source} carries no statistics (LeRobot: "
+                    "policy_preprocessor.json and its normalizer safetensors; openpi: "
+                    "assets/<asset_id>/norm_stats.json): set policy.pi05.norm_stats_path"
+                )
+            stats_path = TEST_STATS
+        try:
+            self.stats = T.load_norm_stats(stats_path)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
+        self.normalization: str = s["normalization"]
+        try:
+            T.check_stats(self.stats, self.normalization, T.LIBERO_STATE_DIM, T.LIBERO_ACTION_DIM)
+        except ValueError as exc:
+            raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
+        self.stats_sha256 = hashlib.sha256(self.stats.source.read_bytes()).hexdigest()
+        if layout.lineage == "openpi":
+            if s["discrete_state_input"] is None:
+                raise ValueError(
+                    "policy.pi05.discrete_state_input must be set for an openpi-trained "
+                    "checkpoint: its config.json does not record it. openpi's pi05_libero has "
+                    "discrete_state_input=False (src/openpi/training/config.py, pi05_libero)"
+                )
+            self.discrete_state_input = s["discrete_state_input"]
+            self.tokenizer_model = paligemma.find_model(s["tokenizer_path"], layout.source)
+        elif s["discrete_state_input"] is not None:
+            raise ValueError(
+                "policy.pi05.discrete_state_input is for openpi-trained checkpoints; this one is "
+                f"{layout.describe()}"
+            )
+        if layout.lineage == "lerobot" and s["lerobot_prompt"] == "padded":
+            self.tokenizer_json = paligemma.find_model(s["tokenizer_path"], layout.source, "json")
+        elif s["lerobot_prompt"] == "padded":
+            raise ValueError(
+                "policy.pi05.lerobot_prompt padded is for checkpoints trained with LeRobot <= "
+                f"0.4.4; this one is {layout.describe()}"
+            )
+        if s["tokenizer_path"] is not None and not (self.tokenizer_model or self.tokenizer_json):
+            raise ValueError(
+                f"policy.pi05.tokenizer_path is set but this checkpoint ({layout.describe()}) "
+                "gets the prompt SGLang builds: remove it"
+            )
 
     # ---------------------------------------------------------------- requests
 
@@ -155,7 +292,10 @@ class Pi05Adapter(PolicyAdapter):
             for k, v in self._pi05.items()
             if k not in ("wire_format", "response_format")  # transport only
         }
-        return {"family": "pi05", "pi05": {**pi05, "norm_stats_path": self.stats_sha256}}
+        pi05["norm_stats_path"] = self.stats_sha256
+        if self.checkpoint_sha256 is not None:
+            pi05["checkpoint"] = self.checkpoint_sha256  # its config.json, not its path
+        return {"family": "pi05", "pi05": pi05}
 
     def prompt_key(self, obs: Observation) -> str:
         return str(obs.task_language)
@@ -172,15 +312,51 @@ class Pi05Adapter(PolicyAdapter):
             proprio["robot0_eef_pos"], proprio["robot0_eef_quat"], proprio["robot0_gripper_qpos"]
         )
 
-    def model_state(self, obs: Observation) -> np.ndarray:
-        """The state SGLang expects: normalized, zero-padded to ``pad_state_to``, float32."""
+    def normalized_state(self, obs: Observation) -> np.ndarray:
+        """The 8-D state in model space (the checkpoint's statistics and formulas)."""
         assert self.stats is not None
-        state = T.normalize(
+        return T.normalize(
             self.raw_state(obs), self.stats.state, self.normalization, self.stats.convention
         )
+
+    def model_state(self, obs: Observation) -> np.ndarray:
+        """The state SGLang receives: normalized, zero-padded to the checkpoint's width."""
+        state = self.normalized_state(obs)
         if self.pad_state_to is not None:
             state = T.pad_to_dim(state, self.pad_state_to)
         return state.astype(np.float32)
+
+    def model_images(self, obs: Observation) -> tuple[dict[str, Any], dict[str, bool]]:
+        """The images and masks keyed by the checkpoint's camera names."""
+        layout = self.layout
+        if layout.lineage != "lerobot":  # openpi's slots, resized with padding on the client
+            return T.libero_images(obs.agentview, obs.wrist, self.image_size), T.image_masks()
+        frames = {"agentview": obs.agentview, "wrist": obs.wrist}
+        images: dict[str, Any] = {}
+        masks: dict[str, bool] = {}
+        for key, view in layout.camera_views.items():
+            masks[key] = view is not None
+            if view is not None:  # LeRobot: uint8 / 255 as float32, rotated 180 degrees
+                images[key] = T.rotate_180(frames[view]).astype(np.float32) / np.float32(255)
+        return images, masks
+
+    def prompt_tokens(self, obs: Observation) -> tuple[np.ndarray, np.ndarray] | None:
+        """The tokenized prompt where the checkpoint's training pipeline differs from SGLang's
+        prompt (openpi; LeRobot <= 0.4.4); None where SGLang builds the prompt."""
+        if self.tokenizer_json is not None:
+            return paligemma.lerobot_padded_tokens(
+                self.tokenizer_json,
+                str(obs.task_language),
+                self.normalized_state(obs),
+                self.layout.max_state_dim,
+                self.layout.max_token_len,
+            )
+        if self.tokenizer_model is None:
+            return None
+        state = self.normalized_state(obs) if self.discrete_state_input else None
+        return paligemma.openpi_tokens(
+            self.tokenizer_model, str(obs.task_language), state, self.layout.max_token_len
+        )
 
     def build_request(self, observations: list[Observation], request_id: str) -> dict[str, Any]:
         if len(observations) != 1:
@@ -191,12 +367,19 @@ class Pi05Adapter(PolicyAdapter):
         obs = observations[0]
         if self.api == "openpi_websocket":
             return self._openpi_request(obs)
-        images = T.libero_images(obs.agentview, obs.wrist, self.image_size)
+        images, masks = self.model_images(obs)
         state: Any = self.model_state(obs)
-        if self.wire_format == "json":
-            images = {key: _png_base64(image) for key, image in images.items()}
+        if self.wire_format == "json":  # PNG for 8-bit images; float images as exact lists
+            images = {
+                key: image.tolist() if image.dtype.kind == "f" else _png_base64(image)
+                for key, image in images.items()
+            }
             state = state.tolist()
-        observation = {"images": images, "image_masks": T.image_masks(), "state": state}
+        observation: dict[str, Any] = {"images": images, "image_masks": masks, "state": state}
+        tokens = self.prompt_tokens(obs)
+        if tokens is not None:
+            as_wire = (lambda a: a.tolist()) if self.wire_format == "json" else (lambda a: a)
+            observation["tokens"], observation["token_masks"] = map(as_wire, tokens)
         if self.api == "sglang_websocket":
             payload = {
                 "request_id": request_id,
@@ -335,6 +518,16 @@ class Pi05Adapter(PolicyAdapter):
                     "action_horizon": self.action_horizon,
                     "model_action_dim": self.model_action_dim,
                     "num_inference_steps": self.num_inference_steps,
+                    "lineage": self.layout.lineage,
+                    "checkpoint": str(self.layout.source) if self.layout.source else None,
+                    "camera_keys": list(self.layout.camera_keys),
+                    "prompt_tokens": (
+                        "client (openpi)"
+                        if self.tokenizer_model
+                        else "client (LeRobot <= 0.4.4)"
+                        if self.tokenizer_json
+                        else "server"
+                    ),
                 }
             )
         return summary

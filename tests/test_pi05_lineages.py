@@ -1,0 +1,186 @@
+"""π0.5 requests against each checkpoint lineage's real layout, through SGLang 0.5.23's own code.
+
+A checkpoint directory is built as the lineage's real one is laid out (config.json and its
+statistics; no weights). SGLang's own ``Pi05PolicyModel._apply_checkpoint_config`` rewrites
+its config from it, and ``Pi05Preprocessor`` turns the project's exact request bytes into the
+model's inputs (``tests/sglang_side``). Every configured camera must arrive with mask True, the
+state width must be accepted, and the prompt or tokens must be what the lineage's training code
+makes for the same observation (``tests/reference_code``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sentencepiece
+from conftest import pi05_checkpoint
+from reference_code.prompts import lerobot_prompt, openpi_tokenize
+from sglang_side import SglangValueError
+from test_pi05_adapter import observation
+from test_pi05_contract import encoded
+
+from libero_eval.policy.adapters import make_adapter
+from libero_eval.policy.pi05_checkpoint import CheckpointError, read_checkpoint
+from libero_eval.reference import pi05 as reference
+
+
+def lineage_adapter(checkpoint, **settings):
+    return make_adapter("pi05", {"pi05": {"checkpoint": str(checkpoint), **settings}})
+
+
+def parse(sglang_side, adapter, checkpoint, wire: str = "msgpack") -> dict:
+    body, content_type = encoded(adapter.build_request([observation()], "r"), wire)
+    return sglang_side.call(
+        "pi05_parse", body=body, content_type=content_type, route="http", checkpoint=str(checkpoint)
+    )
+
+
+def assert_cameras_reach_the_model(parsed: dict, adapter) -> None:
+    layout = adapter.layout
+    assert parsed["config"]["image_keys"] == list(layout.camera_keys)
+    for key, view in layout.camera_views.items():
+        assert parsed["images"][key]["mask"] is (view is not None), key
+        assert parsed["images"][key]["shape"] == [1, 3, 224, 224]
+
+
+@pytest.mark.parametrize(
+    ("lineage", "layout"),
+    [
+        ("lerobot", {}),
+        ("lerobot", {"chunk_size": 10, "n_action_steps": 10}),
+        ("openpi", {}),
+        ("openpi", {"action_horizon": 50}),
+    ],
+    ids=["lerobot-50", "lerobot-10", "openpi-10", "openpi-50"],
+)
+def test_the_layout_read_is_the_one_sglangs_loader_derives(sglang_side, lineage, layout):
+    checkpoint = pi05_checkpoint(lineage, **layout)
+    ours = read_checkpoint(checkpoint)
+    a = lineage_adapter(checkpoint, discrete_state_input=False if lineage == "openpi" else None)
+    parsed = parse(sglang_side, a, checkpoint)
+    assert parsed["config"] == {
+        "image_keys": list(ours.camera_keys),
+        "state_dim": ours.state_dim,
+        "action_horizon": ours.action_horizon,
+        "action_dim": ours.action_dim,
+        "max_token_len": ours.max_token_len,
+    }
+    assert parsed["action_horizon"] == ours.action_horizon  # the request asks for it too
+
+
+@pytest.mark.parametrize("wire", ["msgpack", "json"])
+def test_lerobot_lineage_gets_its_cameras_state_and_sglangs_own_prompt(sglang_side, wire):
+    checkpoint = pi05_checkpoint("lerobot")
+    a = lineage_adapter(checkpoint, wire_format=wire)
+    parsed = parse(sglang_side, a, checkpoint, wire)
+    assert_cameras_reach_the_model(parsed, a)
+    assert parsed["config"]["image_keys"] == ["image", "image2"]
+    state = a.normalized_state(observation()).astype(np.float32)
+    np.testing.assert_array_equal(np.asarray(parsed["state"], dtype=np.float32)[0], state)
+    # LeRobot >= 0.5's Pi05PrepareStateTokenizerProcessorStep on the same normalized state
+    assert parsed["full_prompt"] == lerobot_prompt(state, observation().task_language)
+
+
+def test_lerobot_044_lineage_gets_lerobots_padded_prompt_as_tokens(sglang_side):
+    checkpoint = pi05_checkpoint("lerobot")
+    a = lineage_adapter(checkpoint, lerobot_prompt="padded")
+    parsed = parse(sglang_side, a, checkpoint)
+    assert_cameras_reach_the_model(parsed, a)
+    assert parsed["full_prompt"] is None  # SGLang used our tokens, built no prompt
+    state = a.normalized_state(observation()).astype(np.float32)
+    text = lerobot_prompt(state, observation().task_language, max_state_dim=32)
+    assert text.count(" 128") >= 24  # the 24 zero-padding entries, bin 128
+    expected = sglang_side.call(
+        "hf_tokenize", tokenizer_json=str(checkpoint / "tokenizer.json"), text=text, max_length=200
+    )
+    assert parsed["tokens"] == expected["input_ids"]
+    assert parsed["token_masks"] == expected["attention_mask"]
+
+
+@pytest.mark.parametrize("discrete_state_input", [False, True])
+def test_openpi_lineage_gets_openpis_slots_and_tokens(sglang_side, discrete_state_input):
+    checkpoint = pi05_checkpoint("openpi")
+    a = lineage_adapter(checkpoint, discrete_state_input=discrete_state_input)
+    parsed = parse(sglang_side, a, checkpoint)
+    assert_cameras_reach_the_model(parsed, a)
+    assert parsed["config"]["image_keys"] == ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]
+    assert parsed["full_prompt"] is None
+    spm = sentencepiece.SentencePieceProcessor(model_file=str(checkpoint / "tokenizer.model"))
+    state = a.normalized_state(observation()) if discrete_state_input else None
+    tokens, masks = openpi_tokenize(spm, 200, observation().task_language, state)
+    assert parsed["tokens"] == tokens.tolist()
+    assert parsed["token_masks"] == masks.tolist()
+    assert 4 < sum(masks) < 60  # a realistic length: words and state values, not characters
+
+
+def test_todays_default_layout_fails_against_a_lerobot_checkpoint(sglang_side):
+    """What the project sent before it read checkpoints: openpi's camera names and a 32-wide
+    state. SGLang refuses the state; and narrowed to 8 values, both cameras arrive blank."""
+    checkpoint = pi05_checkpoint("lerobot")
+    default = make_adapter("pi05", {"pi05": {}})
+    with pytest.raises(SglangValueError, match="state dim must be <= 8, got 32"):
+        parse(sglang_side, default, checkpoint)
+    parsed = parse(sglang_side, make_adapter("pi05", {"pi05": {"pad_state_to": None}}), checkpoint)
+    assert {key: parsed["images"][key]["mask"] for key in ("image", "image2")} == {
+        "image": False,
+        "image2": False,
+    }
+
+
+@pytest.mark.parametrize("horizon", [10, 50])
+def test_horizons_10_and_50_replan_every_5(horizon):
+    a = lineage_adapter(pi05_checkpoint("lerobot", chunk_size=horizon, n_action_steps=horizon))
+    assert a.build_request([observation()], "r")["parameters"]["action_horizon"] == horizon
+    answer = np.zeros((horizon, 32), dtype=np.float32)
+    assert a.parse_response({"actions": answer}, 1).shape == (1, 5, 7)
+
+
+def test_a_configured_value_that_contradicts_the_checkpoint_is_refused_naming_both():
+    checkpoint = pi05_checkpoint("lerobot")
+    with pytest.raises(ValueError, match=r"pad_state_to is 32 but the checkpoint says 8"):
+        lineage_adapter(checkpoint, pad_state_to=32)
+    with pytest.raises(ValueError, match=r"action_horizon is 10 but the checkpoint says 50"):
+        lineage_adapter(checkpoint, action_horizon=10)
+    with pytest.raises(CheckpointError, match="not a local directory.*huggingface-cli download"):
+        lineage_adapter("lerobot/pi05_libero_finetuned")
+    with pytest.raises(ValueError, match="discrete_state_input must be set"):
+        lineage_adapter(pi05_checkpoint("openpi"))
+
+
+def test_an_openpi_conversion_without_chunk_size_is_refused(tmp_path):
+    from libero_eval.policy.pi05_layouts import openpi_config, write_openpi
+
+    write_openpi(tmp_path)
+    config = openpi_config()
+    del config["chunk_size"]
+    (tmp_path / "config.json").write_text(__import__("json").dumps(config))
+    with pytest.raises(CheckpointError, match=r'Add "chunk_size": 10 to config.json'):
+        read_checkpoint(tmp_path)
+
+
+def test_the_reference_server_refuses_what_a_lerobot_checkpoint_would_not_see():
+    """The self-test's server, standing in for a LeRobot checkpoint, names the convention."""
+    model = reference.Pi05Model.load(pi05_checkpoint("lerobot"))
+    default = make_adapter("pi05", {"pi05": {}})
+    with pytest.raises(reference.Pi05RequestError, match="unknown image key.*blank images"):
+        reference.parse_request(default.build_request([observation()], "r"), model, websocket=False)
+    narrowed = make_adapter(
+        "pi05", {"pi05": {"checkpoint": str(pi05_checkpoint("lerobot")), "pad_state_to": None}}
+    )
+    body = narrowed.build_request([observation()], "r")
+    body["input"]["observation"]["state"] = np.zeros(32, np.float32)
+    with pytest.raises(reference.Pi05RequestError, match="state dim must be <= 8, got 32"):
+        reference.parse_request(body, model, websocket=False)
+    assert reference.parse_request(
+        narrowed.build_request([observation()], "r"), model, websocket=False
+    )
+
+
+def test_the_reference_server_wants_openpis_tokens_from_an_openpi_client():
+    model = reference.Pi05Model.load(pi05_checkpoint("openpi"))
+    a = lineage_adapter(pi05_checkpoint("openpi"), discrete_state_input=False)
+    body = a.build_request([observation()], "r")
+    assert reference.parse_request(body, model, websocket=False).action_horizon == 10
+    del body["input"]["observation"]["tokens"]
+    with pytest.raises(reference.Pi05RequestError, match="needs openpi's prompt as tokens"):
+        reference.parse_request(body, model, websocket=False)
