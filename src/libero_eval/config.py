@@ -121,18 +121,38 @@ def check_config(config: dict[str, Any]) -> RunSettings:
     return settings
 
 
-def adapter_policy(config: dict[str, Any]) -> dict[str, Any]:
-    """``policy.*`` with ``policy.pi05.checkpoint`` resolved: null means the checkpoint the
-    SGLang server loads (``server.sglang.model_path``), which decides the request layout."""
+def pi05_checkpoint(config: dict[str, Any]) -> str | None:
+    """The π0.5 checkpoint that decides the request layout: ``policy.pi05.checkpoint``, else
+    the SGLang server's model (``server.sglang.model_path``), also when the self-test swaps in
+    the reference server; None for openpi's own server, or when neither is set."""
     policy = config["policy"]
     pi05 = policy.get("pi05") or {}
-    if policy.get("family") != "pi05" or pi05.get("checkpoint") is not None:
-        return policy
+    if policy.get("family") != "pi05" or pi05.get("api") == "openpi_websocket":
+        return None
+    if pi05.get("checkpoint") is not None:
+        return pi05["checkpoint"]
     server = config.get("server") or {}
-    if server.get("backend") != "sglang" or pi05.get("api") == "openpi_websocket":
+    if server.get("backend") not in ("sglang", "reference"):
+        return None
+    return (server.get("sglang") or {}).get("model_path")
+
+
+def adapter_policy(config: dict[str, Any]) -> dict[str, Any]:
+    """``policy.*`` with ``policy.pi05.checkpoint`` resolved (:func:`pi05_checkpoint`)."""
+    policy = config["policy"]
+    checkpoint = pi05_checkpoint(config)
+    if checkpoint is None:
         return policy
-    model_path = (server.get("sglang") or {}).get("model_path")
-    return {**policy, "pi05": {**pi05, "checkpoint": model_path}} if model_path else policy
+    return {**policy, "pi05": {**(policy.get("pi05") or {}), "checkpoint": checkpoint}}
+
+
+def reference_pi05_model(config: dict[str, Any]) -> str:
+    """What the reference server loads as its π0.5 model: the checkpoint directory (its layout
+    and its own statistics) where there is one, else ``server.reference.norm_stats_path``."""
+    checkpoint = pi05_checkpoint(config)
+    if checkpoint is not None and (Path(checkpoint) / "config.json").is_file():
+        return str(checkpoint)
+    return config["server"]["reference"]["norm_stats_path"]
 
 
 def _check_pi05(config: dict[str, Any], settings: RunSettings) -> None:
@@ -288,7 +308,7 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
                 "backend": "reference",
                 "family": "pi05",
                 "policy": reference["policy"],
-                "stats": _sha256(reference["norm_stats_path"]),
+                "stats": _sha256(reference_pi05_model(config)),
             }
         return {
             "backend": "reference",
@@ -339,10 +359,12 @@ def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
 
 def _sha256(path: str | Path) -> str | None:
     """Content hash of the reference server's statistics file (or of the norm_stats.json in a
-    directory); the client's are hashed by its adapter."""
+    directory, or a checkpoint's config.json); the client's are hashed by its adapter."""
     path = Path(path)
     if path.is_dir() and (path / "norm_stats.json").is_file():
         path = path / "norm_stats.json"
+    elif path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
     return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
 
 
@@ -381,7 +403,7 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
             "latency_per_item_s": reference["latency_per_item_s"],
             "model_name": f"reference-{reference['policy']}",
             **(
-                {"family": "pi05", "norm_stats_path": reference["norm_stats_path"]}
+                {"family": "pi05", "norm_stats_path": reference_pi05_model(config)}
                 if config["policy"]["family"] == "pi05"
                 else {}
             ),
