@@ -124,12 +124,14 @@ def test_consistent_and_differing_suites_in_one_check():
     }
     checks = published_checks(table, published).set_index("suite")
     spatial, goal = checks.loc["libero_spatial"], checks.loc["libero_goal"]
-    assert (spatial["successes"], spatial["trials"], spatial["published_successes"]) == (48, 50, 484)
+    counts = spatial[["successes", "trials", "published_successes"]].tolist()
+    assert counts == [48, 50, 484]
     assert spatial["p_value"] == pytest.approx(fisher_exact([[48, 2], [484, 16]]).pvalue)
     assert spatial["verdict"] == "consistent"
     p_goal = fisher_exact([[30, 20], [490, 10]]).pvalue
     assert goal["p_value"] == pytest.approx(p_goal)
-    assert p_goal < 1e-3 and goal["verdict"] == verdict(p_goal) and "differs (p = " in goal["verdict"]
+    assert p_goal < 1e-3 and goal["verdict"] == verdict(p_goal)
+    assert goal["verdict"].startswith("differs (p = ")
     assert spatial["measured_ci_low"] < 0.96 < spatial["measured_ci_high"]
     assert set(checks["test"]) == {"fisher_exact"}
 
@@ -211,7 +213,7 @@ def test_summary_markdown_and_html_show_the_table():
         f"| openpi README \\| LIBERO | Fisher exact | {p_spatial:.3g} | consistent |"
     ) in section
     p_goal = binomtest(30, 50, 0.98).pvalue
-    assert f"| libero_goal | 60.0% [46.2, 72.4] (30/50) | 98.0% | paper | exact binomial" in section
+    assert "| libero_goal | 60.0% [46.2, 72.4] (30/50) | 98.0% | paper | exact binomial" in section
     assert f"| {verdict(p_goal)} |" in section
     assert "| measured (95% Wilson CI) |" in section
     assert published_markdown(checks) in markdown
@@ -324,3 +326,25 @@ def test_published_figures_are_not_part_of_the_rollout_fingerprint(base_config):
     assert rollout_fingerprint(changed) == rollout_fingerprint(config)
     changed["rollout"]["max_steps"] = 7  # the check itself can fail
     assert rollout_fingerprint(changed) != rollout_fingerprint(config)
+
+
+def test_the_documented_block_and_numbers_hold(base_config):
+    """docs/reporting.md's example block validates and passes the config check, and its
+    worked p-values are what the check computes."""
+    text = (REPO / "docs" / "reporting.md").read_text()
+    section = text[text.index("### Measured against published figures") :]
+    block = section[section.index("```yaml\n") + 8 : section.index("```\n", 10)]
+    config = copy.deepcopy(base_config)
+    config.update(yaml.safe_load(block))
+    validate(config, SCHEMA)
+    check_config(config)
+    assert set(config["report"]["published"]) == {
+        "libero_spatial",
+        "libero_object",
+        "libero_goal",
+        "libero_10",
+        "overall",
+    }
+    assert "p = 0.021 with `n: 500`, p = 5.0e-05 without" in section
+    assert verdict(published_test(482, 500, 0.988, n=500)[1]) == "differs (p = 0.021)"
+    assert verdict(published_test(482, 500, 0.988)[1]) == "differs (p = 5.0e-05)"
