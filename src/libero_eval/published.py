@@ -51,7 +51,9 @@ COLUMNS = [
 ]
 
 
-def published_test(successes: int, trials: int, rate: float, n: int | None = None) -> tuple:
+def published_test(
+    successes: int, trials: int, rate: float, n: int | None = None
+) -> tuple[str, float]:
     """(test name, two-sided p-value) of `successes` of `trials` against a published `rate`:
     Fisher's exact test against round(rate * n) of n when `n` is given, else the exact
     binomial test against `rate` taken as exact (module docstring says why)."""
