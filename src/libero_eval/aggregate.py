@@ -12,6 +12,8 @@ import math
 import pandas as pd
 from scipy.stats import norm
 
+from libero_eval.published import published_checks, published_markdown
+
 METRICS = ("success_once", "success_at_end")
 
 
@@ -87,9 +89,15 @@ def _pct(value: float, low: float, high: float, decimals: int) -> str:
 
 
 def markdown_summary(
-    table: pd.DataFrame, run_id: str, confidence: float = 0.95, decimals: int = 1
+    table: pd.DataFrame,
+    run_id: str,
+    confidence: float = 0.95,
+    decimals: int = 1,
+    published: pd.DataFrame | None = None,
+    alpha: float = 0.05,
 ) -> str:
-    """A Markdown report: suites and overall first, then every task."""
+    """A Markdown report: suites and overall first, then measured against published (when
+    `published`, from `libero_eval.published.published_checks`, has rows), then every task."""
     level = f"{round(confidence * 100)}%"
     header = (
         f"| suite | task | success_once ({level} CI) | success_at_end ({level} CI) "
@@ -107,11 +115,23 @@ def markdown_summary(
     parts = [f"# LIBERO evaluation `{run_id}`\n\n## Suites\n\n", header]
     for _, row in table[table["level"].isin(["suite", "overall"])].iterrows():
         parts.append(line(row, "all" if row["level"] == "overall" else "(suite)"))
+    if published is not None and len(published):
+        parts.append("\n" + published_markdown(published, confidence, decimals, alpha))
     parts.append("\n## Tasks\n\n")
     parts.append(header)
     for _, row in table[table["level"] == "task"].iterrows():
         parts.append(line(row, f"{row['task_id']}: {row['task_language']}"))
     return "".join(parts)
+
+
+def _published_columns(checks: pd.DataFrame) -> pd.DataFrame:
+    """The published figure and its check as `published_*` columns keyed like per_suite.csv
+    (the overall row's suite is "all"); published suites the run lacks have no row there."""
+    renamed = {c: f"published_{c}" for c in ("source", "test", "p_value", "verdict")}
+    frame = checks[checks["trials"].notna()]
+    frame = frame[["suite", "published_rate", "published_n", *renamed]].rename(columns=renamed)
+    frame["suite"] = frame["suite"].replace({"overall": "all"})
+    return frame
 
 
 def write_summary(
@@ -122,8 +142,13 @@ def write_summary(
     confidence: float = 0.95,
     decimals: int = 1,
     event_log: str | None = None,
+    published: dict | None = None,
+    published_metric: str = "success_once",
+    published_alpha: float = 0.05,
 ) -> pd.DataFrame:
-    """Read shard tables, check them against the plan, write every summary output."""
+    """Read shard tables, check them against the plan, write every summary output. With
+    `published` (report.published) the Markdown and per_suite.csv also hold the check of
+    each published figure (`libero_eval.published`)."""
     from libero_eval.eventlog import log_event
     from libero_eval.store import read_results, write_frame
 
@@ -134,10 +159,12 @@ def write_summary(
     table = success_tables(episodes, confidence)
     table.to_parquet(outputs["tables"], index=False)
     table[table["level"] == "task"].drop(columns="level").to_csv(outputs["per_task"], index=False)
-    table[table["level"] != "task"].drop(columns=["level", "task_id", "task_language"]).to_csv(
-        outputs["per_suite"], index=False
-    )
-    markdown = markdown_summary(table, run_id, confidence, decimals)
+    checks = published_checks(table, published, published_metric, published_alpha)
+    per_suite = table[table["level"] != "task"].drop(columns=["level", "task_id", "task_language"])
+    if len(checks):
+        per_suite = per_suite.merge(_published_columns(checks), on="suite", how="left")
+    per_suite.to_csv(outputs["per_suite"], index=False)
+    markdown = markdown_summary(table, run_id, confidence, decimals, checks, published_alpha)
     with open(outputs["markdown"], "w") as handle:
         handle.write(markdown)
     overall = table[table["level"] == "overall"].iloc[0]

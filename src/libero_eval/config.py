@@ -20,6 +20,7 @@ from typing import Any
 from libero_eval import suites as suite_catalog
 from libero_eval.plan import Episode, Shard, make_shards, plan_episodes
 from libero_eval.policy.adapters import PolicyAdapter, make_adapter
+from libero_eval.published import check_published_config
 from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.rollout.render_device import RenderPlan, plan_render_env
@@ -79,6 +80,7 @@ def check_config(config: dict[str, Any]) -> RunSettings:
         )
     try:
         planned_episodes(config)
+        check_published_config(config["report"], suite_catalog.registered_suites())
     except ValueError as exc:
         raise ConfigError(str(exc)) from exc
     protocol = settings.protocol

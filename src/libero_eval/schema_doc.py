@@ -53,8 +53,14 @@ def rows(schema: dict[str, Any], prefix: str = "") -> list[str]:
             lines += rows(spec, f"{field}.")
             continue
         default = json.dumps(spec.get("default")) if "default" in spec else ""
+        if name in schema.get("required", ()):
+            default = "required"
         description = " ".join(str(spec.get("description", "")).split()).replace("|", "\\|")
-        lines.append(f"| `{field}` | {_type(spec)} | `{default}` | {description} |")
+        default = f"`{default}`" if default != "required" else "required"
+        lines.append(f"| `{field}` | {_type(spec)} | {default} | {description} |")
+        entry = spec.get("additionalProperties")
+        if isinstance(entry, dict) and "properties" in entry:  # a mapping of named entries
+            lines += rows(entry, f"{field}.<name>.")
     return lines
 
 

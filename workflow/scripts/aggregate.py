@@ -15,4 +15,7 @@ with open(snakemake.log[0], "w") as log:
         confidence=snakemake.params.report["confidence_level"],
         decimals=snakemake.params.report["decimals"],
         event_log=snakemake.params.event_log,
+        published=snakemake.params.report["published"],
+        published_metric=snakemake.params.report["published_metric"],
+        published_alpha=snakemake.params.report["published_alpha"],
     )

@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from libero_eval.published import published_checks
 from libero_eval.report.comparison import comparison_html, difference_figure, write_comparison
 from libero_eval.report.figures import (
     METRIC_LABELS,
@@ -83,6 +84,13 @@ class _Run:
         self.confidence = report.get("confidence_level", 0.95)
         self.decimals = report.get("decimals", 1)
         self.videos_per_task = report.get("videos_per_task", 1)
+        self.alpha = report.get("published_alpha", 0.05)
+        self.published = published_checks(
+            table,
+            report.get("published"),
+            report.get("published_metric", "success_once"),
+            self.alpha,
+        )
         self._provenance: dict[str, Any] | None = None
 
     def provenance(self) -> dict[str, Any]:
@@ -105,7 +113,9 @@ def _text(render: Callable[[_Run], str]) -> Callable[[_Run, Path], None]:
 OUTPUT_WRITERS: dict[str, Callable[[_Run, Path], None]] = {
     "success_by_task": _figure(lambda r: success_by_task_figure(r.table, r.confidence)),
     "success_by_suite": _figure(lambda r: success_by_suite_figure(r.table, r.confidence)),
-    "success_table": _text(lambda r: success_table_html(r.table, r.confidence, r.decimals)),
+    "success_table": _text(
+        lambda r: success_table_html(r.table, r.confidence, r.decimals, r.published, r.alpha)
+    ),
     "first_success_step": _figure(lambda r: first_success_step_figure(r.episodes)),
     "latency_over_time": _figure(lambda r: latency_over_time_figure(r.episodes)),
     "throughput_over_time": _figure(lambda r: throughput_over_time_figure(r.episodes)),

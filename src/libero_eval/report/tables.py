@@ -8,6 +8,7 @@ from typing import Any
 
 import pandas as pd
 
+from libero_eval.published import published_html
 from libero_eval.report.figures import _level
 
 NO_ERROR = "task not completed (no error)"
@@ -44,8 +45,16 @@ def _ci_cell(value: float, low: float, high: float, decimals: int) -> str:
     return f"{100 * value:.{decimals}f}% [{100 * low:.{decimals}f}, {100 * high:.{decimals}f}]"
 
 
-def success_table_html(table: pd.DataFrame, confidence: float = 0.95, decimals: int = 1) -> str:
-    """Suites, overall and every task with both metrics and their Wilson intervals."""
+def success_table_html(
+    table: pd.DataFrame,
+    confidence: float = 0.95,
+    decimals: int = 1,
+    published: pd.DataFrame | None = None,
+    alpha: float = 0.05,
+) -> str:
+    """Suites, overall and every task with both metrics and their Wilson intervals; with
+    `published` rows (`libero_eval.published.published_checks`), measured against published
+    after the suites."""
     level = _level(confidence)
 
     def rows(part: pd.DataFrame, task_label: bool) -> pd.DataFrame:
@@ -69,7 +78,8 @@ def success_table_html(table: pd.DataFrame, confidence: float = 0.95, decimals: 
     tasks = table[table["level"] == "task"]
     body = (
         f"<h2>Suites and overall</h2>{_html_table(rows(suites, False))}"
-        f"<h2>Tasks</h2>{_html_table(rows(tasks, True))}"
+        + (published_html(published, confidence, decimals, alpha) if published is not None else "")
+        + f"<h2>Tasks</h2>{_html_table(rows(tasks, True))}"
     )
     return html_page("Success per task and suite", body)
 
