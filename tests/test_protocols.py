@@ -259,3 +259,36 @@ def test_a_perturbed_episode_takes_its_clean_pairs_seed_and_an_unpaired_one_its_
     assert reset_seed_of(protocol, "episode", "libero_spatial_task", 3, 5) == episode_seed(
         7, "libero_spatial_task", 3, 5
     )
+
+
+# ------------------------------------------------------------------------------ lerobot
+
+
+def test_lerobot_waits_10_uncounted_steps_then_280_and_executes_10_actions_a_query():
+    """lerobot-eval: 10 waits inside LiberoEnv.reset (not counted), the suite's limit (280 on
+    spatial), n_action_steps 10 of each chunk, stop at success."""
+    env = ScriptedEpisodeEnv(get_protocol("lerobot"))
+    outcome = run_episode(env)
+    policy = settle_and_policy_actions(env, 10)
+    assert len(policy) == 280 and len(env.fake.actions) == 290
+    assert env.queries == 28
+    assert outcome.steps == 280 and not outcome.success_once
+    stopped = ScriptedEpisodeEnv(get_protocol("lerobot"), success_steps={10 + 37})
+    assert run_episode(stopped).steps == 37
+
+
+def test_lerobot_step_limits_and_seed_per_trial():
+    protocol = get_protocol("lerobot")
+    suites = ["libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90"]
+    assert [protocol.max_steps_for(s) for s in suites] == [280, 280, 300, 520, 400]
+    assert protocol.seed == 1000
+    # lerobot-eval: reset(seed=start_seed + episode index), episode i of a task at init state i
+    env = ScriptedEpisodeEnv(
+        get_protocol("lerobot", max_steps_override=32), reset_seeding="reference"
+    )
+    for init_state_id in (3, 0, 3):
+        env.fake.reset_draws.clear()
+        run_episode(env, task_id=2, init_state_id=init_state_id)
+        np.random.seed(1000 + init_state_id)
+        assert env.fake.reset_draws == [float(np.random.random())]  # one reset, no replay
+    assert reset_seed_of(protocol, "reference", "libero_goal", 5, 7) == 1007
