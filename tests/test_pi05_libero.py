@@ -65,3 +65,32 @@ def test_client_statistics_other_than_the_models_fail_the_shard_loudly(tmp_path,
     with pytest.raises(ShardFailed, match="the state does not match the robot's: channel 2"):
         run_shard([EPISODE], settings, store, url, tmp_path / "s.parquet", progress=False)
     assert store.load(EPISODE) is None  # nothing half-written
+
+
+@pytest.mark.parametrize(
+    ("lineage", "pi05"),
+    [("lerobot", {}), ("openpi", {"discrete_state_input": False})],
+    ids=["lerobot", "openpi"],
+)
+def test_each_lineage_runs_against_a_server_standing_in_for_its_checkpoint(
+    tmp_path, lineage, pi05
+):
+    """The self-test's path: the reference server loads the checkpoint's layout and
+    statistics, and checks cameras, state width, tokens, state values and images on real
+    LIBERO observations."""
+    from conftest import pi05_checkpoint
+
+    checkpoint = pi05_checkpoint(lineage)
+    server = ReferenceServerSettings(
+        action_stats_path=COSMOS3_STATS,
+        policy="scripted",
+        family="pi05",
+        norm_stats_path=checkpoint,
+    )
+    settings, store = pi05_shard(tmp_path, checkpoint=str(checkpoint), **pi05)
+    with serve_in_thread(server) as base_url:
+        (record,) = run_shard(
+            [EPISODE], settings, store, base_url, tmp_path / "s.parquet", progress=False
+        )
+    assert record["error"] is None
+    assert record["policy_calls"] == 4  # 20 policy steps, replanning every 5
