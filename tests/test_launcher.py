@@ -411,15 +411,17 @@ def test_ready_only_once_health_answers_200(tmp_path):
 
 
 def test_health_deadline_raises_with_the_log_tail(tmp_path):
+    # The deadline leaves a loaded machine time to start the fake (it answers 503 once up);
+    # the upper bound only says the wait ends, not how fast a busy machine is.
     env = fake_env(tmp_path, FAKE_SGLANG_NEVER_HEALTHY="1")
-    with start_fake(tmp_path, extra_env=env, health_timeout_s=1.5) as server:
+    with start_fake(tmp_path, extra_env=env, health_timeout_s=8) as server:
         started = time.monotonic()
         with pytest.raises(ServerStartError) as error:
             server.wait_healthy()
-        assert 1.4 <= time.monotonic() - started < 6
+        assert 6 <= time.monotonic() - started < 60  # counted from launch
     message = str(error.value)
     assert "did not answer 200" in message
-    assert "server.health_timeout_s=1.5" in message
+    assert "server.health_timeout_s=8" in message
     assert "HTTP 503" in message
     assert f"fake sglang: listening on 127.0.0.1:{server.settings.port}" in message
 

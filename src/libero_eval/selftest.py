@@ -26,7 +26,8 @@ CHECKS = (
     "rot6d layout: the first two COLUMNS of the rotation matrix",
     "policy.gripper_mapping: g = 1 is open (LIBERO -1)",
     "policy.num_action_chunks / num_frames",
-    "π0.5: policy.pi05.norm_stats_path, normalization, replan_steps",
+    "π0.5: the checkpoint (policy.pi05.checkpoint or server.sglang.model_path), its "
+    "normalization and lerobot_prompt or discrete_state_input, replan_steps",
 )
 
 

@@ -295,6 +295,9 @@ class Pi05Adapter(PolicyAdapter):
         pi05["norm_stats_path"] = self.stats_sha256
         if self.checkpoint_sha256 is not None:
             pi05["checkpoint"] = self.checkpoint_sha256  # its config.json, not its path
+        tokenizer = self.tokenizer_model or self.tokenizer_json
+        if tokenizer is not None:  # the client's prompt tokens depend on its content
+            pi05["tokenizer_path"] = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
         return {"family": "pi05", "pi05": pi05}
 
     def prompt_key(self, obs: Observation) -> str:
