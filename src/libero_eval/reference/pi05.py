@@ -220,26 +220,27 @@ def _uint8(image: np.ndarray) -> np.ndarray:
 
 
 def _check_tokens(observation: dict[str, Any], layout: Pi05Layout) -> None:
-    """openpi-trained checkpoints need openpi's prompt as tokens; SGLang's own prompt is the
-    LeRobot lineage's (and the default layout's), so tokens there are refused."""
+    """openpi-trained checkpoints need openpi's prompt as tokens (without them SGLang builds
+    LeRobot's prompt); LeRobot ones may carry LeRobot 0.4.4's; tokens are padded to the
+    checkpoint's max_token_len."""
     tokens = observation.get("tokens")
-    if layout.lineage == "openpi":
-        if tokens is None or observation.get("token_masks") is None:
+    if tokens is None:
+        if layout.lineage == "openpi":
             raise Pi05RequestError(
                 "this openpi-trained checkpoint needs openpi's prompt as tokens / token_masks: "
                 "without them SGLang builds LeRobot's prompt ('Task: ..., State: ...;"
                 "\\nAction: ') from the state, which openpi never trained on"
             )
-        width = _array(tokens, "tokens").reshape(-1).shape[0]
-        if width != layout.max_token_len:
-            raise Pi05RequestError(
-                f"tokens has {width} entries; openpi pads the prompt to max_token_len "
-                f"{layout.max_token_len}"
-            )
-    elif tokens is not None:
+        return
+    if layout.lineage == "sglang_default":
+        raise Pi05RequestError("tokens sent without a checkpoint layout: send no tokens")
+    if observation.get("token_masks") is None:
+        raise Pi05RequestError("tokens without token_masks")
+    width = _array(tokens, "tokens").reshape(-1).shape[0]
+    if width != layout.max_token_len:
         raise Pi05RequestError(
-            f"tokens sent to a {layout.lineage} checkpoint: its prompt is the one SGLang builds "
-            "from the state; send no tokens"
+            f"tokens has {width} entries; the prompt is padded to the checkpoint's "
+            f"max_token_len {layout.max_token_len}"
         )
 
 
