@@ -345,6 +345,8 @@ def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
         "16",
         "--pipeline-class-name",
         "Cosmos3OmniDiffusersPipeline",
+        "--input-save-path",
+        "",
         "--master-port",
         str(server.settings.sglang.master_port),
         "--scheduler-port",

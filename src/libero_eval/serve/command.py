@@ -3,9 +3,9 @@
 The SGLang flags emitted here all exist in SGLang 0.5.23's
 `sglang/multimodal_gen/runtime/server_args/server_args.py` (`--model-path`,
 `--pipeline-class-name`, `--attention-backend`, `--num-gpus`, `--tp-size`,
-`--batching-max-size`, `--host`, `--port`, `--master-port`, `--scheduler-port`); `serve` is
-the subcommand of the `sglang` console script (`sglang = sglang.cli.main:main`, see
-`sglang/cli/main.py`).
+`--batching-max-size`, `--host`, `--port`, `--master-port`, `--scheduler-port`,
+`--input-save-path`); `serve` is the subcommand of the `sglang` console script
+(`sglang = sglang.cli.main:main`, see `sglang/cli/main.py`).
 
 Besides its HTTP port P, `sglang serve` binds P + 1 (its ZMQ broker), a scheduler port (5555 +
 random 0-100) and a torch.distributed master port (30005), checked free when it parses its
@@ -68,6 +68,9 @@ def build_command(settings: ServerSettings) -> list[str]:
     cmd += ["--num-gpus", str(sgl.num_gpus), "--tp-size", str(sgl.tp_size)]
     cmd += ["--batching-max-size", str(sgl.batching_max_size)]
     cmd += ["--pipeline-class-name", sgl.pipeline_class_name]
+    # SGLang saves uploads, and its warm-up image, under --input-save-path (default
+    # inputs/uploads in its working directory: the repository); "" keeps them in a temp dir.
+    cmd += ["--input-save-path", ""]
     if sgl.master_port is not None:
         cmd += ["--master-port", str(sgl.master_port)]
     if sgl.scheduler_port is not None:
