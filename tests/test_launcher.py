@@ -414,9 +414,10 @@ def test_a_fixed_server_port_leaves_room_for_sglangs_broker(default_config, back
     """server.port N: slot k listens on N + k, or N + 2k for sglang (its broker takes P + 1)."""
     from libero_eval.config import server_settings
 
-    default_config["server"].update(backend=backend, port=30000, num_slots=3)
+    default_config["server"].update(backend=backend, port=30000, num_slots=3, cpu_threads=2)
     default_config["server"]["sglang"]["model_path"] = "/models/cosmos3"
     assert [server_settings(default_config, k)["port"] for k in range(3)] == ports
+    assert ServerSettings.from_dict(server_settings(default_config, 0)).cpu_threads == 2
 
 
 def test_gpu_id_pins_cuda_visible_devices_and_no_proxy_covers_loopback(tmp_path, monkeypatch):
@@ -461,6 +462,22 @@ def test_thread_count_is_shared_among_the_servers_gpus_and_capped():
     assert server_threads(one_gpu, cpus=64) == 16
     assert build_env(two_gpus, base={})["OMP_NUM_THREADS"] == str(server_threads(two_gpus))
     assert "MKL_NUM_THREADS" not in build_env(two_gpus, base={})  # only fixed, never added
+
+
+def test_configured_cpu_threads_replace_every_thread_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")
+    monkeypatch.setenv("MKL_NUM_THREADS", "8")
+    monkeypatch.delenv("GOTO_NUM_THREADS", raising=False)
+    with start_fake(tmp_path, cpu_threads=3, extra_env=fake_env(tmp_path)) as server:
+        server.wait_healthy()
+    env = recorded(tmp_path)["env"]
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"], env["GOTO_NUM_THREADS"]) == (
+        "3",
+        "3",
+        None,
+    )
+    with pytest.raises(ServerSettingsError, match=r"server\.cpu_threads: must be >= 1"):
+        ServerSettings.from_dict(sglang_settings(cpu_threads=0))
 
 
 @pytest.mark.parametrize("value", ["", "abc", "-2", "0"])

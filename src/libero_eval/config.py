@@ -370,6 +370,7 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
         else 0,
         "health_timeout_s": server["health_timeout_s"],
         "teardown_grace_s": server["teardown_grace_s"],
+        "cpu_threads": server["cpu_threads"],
         "gpu_id": gpu_id,
         "reference": {
             "policy": reference["policy"],

@@ -96,8 +96,11 @@ def usable_cpus() -> int:
 
 
 def server_threads(settings: ServerSettings, cpus: int | None = None) -> int:
-    """CPU threads for the server: the usable CPUs shared among its GPUs, 1 to 16 (SGLang's
-    own rule for a worker, but counted on the CPUs this job may use, not the whole host)."""
+    """CPU threads for the server: `settings.cpu_threads`, else the usable CPUs shared among
+    its GPUs, 1 to 16 (SGLang's own rule for a worker, but counted on the CPUs this job may
+    use, not the whole host)."""
+    if settings.cpu_threads is not None:
+        return settings.cpu_threads
     gpus = settings.sglang.num_gpus if settings.sglang is not None else 1
     cpus = usable_cpus() if cpus is None else cpus
     return max(1, min(MAX_SERVER_THREADS, cpus // max(1, gpus)))
@@ -107,11 +110,13 @@ def _is_thread_count(value: str | None) -> bool:
     return value is not None and value.strip().isdigit() and int(value) > 0
 
 
-def _fix_thread_variables(env: dict[str, str], threads: int) -> None:
-    """Replace a thread variable that is not a positive integer (Snakemake's "0" for the
-    serve job) by `threads`; OMP_NUM_THREADS is set even when absent. A valid value stays."""
+def _fix_thread_variables(env: dict[str, str], threads: int, force: bool) -> None:
+    """Set the thread variables that are not a positive integer (Snakemake's "0" for the
+    serve job), or all of them with `force`, to `threads`; OMP_NUM_THREADS is set even when
+    absent. Without `force` a valid value stays."""
     for key in THREAD_VARIABLES:
-        if (key in env or key == "OMP_NUM_THREADS") and not _is_thread_count(env.get(key)):
+        present = key in env or key == "OMP_NUM_THREADS"
+        if present and (force or not _is_thread_count(env.get(key))):
             env[key] = str(threads)
 
 
@@ -119,7 +124,7 @@ def build_env(settings: ServerSettings, base: Mapping[str, str] | None = None) -
     """The server's environment: `base` (default os.environ) + loopback NO_PROXY + GPU pin +
     a positive thread count (`server_threads`); `settings.extra_env` overrides all of it."""
     env = dict(os.environ if base is None else base)
-    _fix_thread_variables(env, server_threads(settings))
+    _fix_thread_variables(env, server_threads(settings), settings.cpu_threads is not None)
     hosts = list(LOOPBACK_NO_PROXY)
     if settings.host not in hosts and settings.host not in ("0.0.0.0", "::", ""):
         hosts.append(settings.host)

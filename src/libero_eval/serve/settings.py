@@ -300,6 +300,7 @@ class ServerSettings:
     health_timeout_s: float = 900.0
     health_poll_s: float = 1.0
     teardown_grace_s: float = 20.0
+    cpu_threads: int | None = None  # None: command.server_threads picks
     gpu_id: int | tuple[int, ...] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     reference: ReferenceServerFlags | None = None
@@ -366,6 +367,7 @@ class ServerSettings:
             health_timeout_s=_get_float(data, "health_timeout_s", where, 900.0, 0.0, True),
             health_poll_s=_get_float(data, "health_poll_s", where, 1.0, 0.0, True),
             teardown_grace_s=_get_float(data, "teardown_grace_s", where, 20.0, 0.0, False),
+            cpu_threads=_get_int(data, "cpu_threads", where, None, 1),
             gpu_id=gpu_id,
             extra_env={k: str(v) for k, v in extra_env.items()},
             reference=reference,
