@@ -23,7 +23,14 @@ import psutil
 import pytest
 import requests
 
-from libero_eval.serve.command import build_command, build_env
+from libero_eval.serve.command import (
+    THREAD_VARIABLES,
+    build_command,
+    build_env,
+    resolve_port,
+    server_threads,
+    usable_cpus,
+)
 from libero_eval.serve.job import load_settings
 from libero_eval.serve.launcher import ManagedServer, ServerStartError
 from libero_eval.serve.settings import ServerSettings, ServerSettingsError
@@ -338,6 +345,12 @@ def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
         "16",
         "--pipeline-class-name",
         "Cosmos3OmniDiffusersPipeline",
+        "--input-save-path",
+        "",
+        "--master-port",
+        str(server.settings.sglang.master_port),
+        "--scheduler-port",
+        str(server.settings.sglang.scheduler_port),
         "--attention-backend",
         "flash",
         "--performance-mode",
@@ -345,6 +358,66 @@ def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
         "--seed",
         "1140",
     ]
+
+
+def test_servers_started_together_get_their_own_internal_ports(tmp_path):
+    """Real `sglang serve` binds its HTTP port P, P + 1 (ZMQ broker), a scheduler port and
+    torch.distributed's master port (30005 by default: a second server started at the same
+    time dies with EADDRINUSE). Each server gets its own, apart from every HTTP port."""
+    servers, used = [], []
+    for k in range(3):
+        (tmp_path / str(k)).mkdir()
+        servers.append(start_fake(tmp_path / str(k), extra_env=fake_env(tmp_path / str(k))))
+    try:
+        for k, server in enumerate(servers):
+            server.wait_healthy()
+            argv = recorded(tmp_path / str(k))["argv"]
+            master = int(argv[argv.index("--master-port") + 1])
+            scheduler = int(argv[argv.index("--scheduler-port") + 1])
+            port = server.settings.port
+            assert (master, scheduler) == (
+                server.settings.sglang.master_port,
+                server.settings.sglang.scheduler_port,
+            )
+            used += [port, port + 1, master, scheduler]
+    finally:
+        for server in servers:
+            server.stop()
+    assert len(set(used)) == len(used), used
+
+
+def test_configured_internal_ports_are_kept_and_not_taken_from_extra_args():
+    settings = ServerSettings.from_dict(
+        sglang_settings(port=31000, sglang={"master_port": 31005, "scheduler_port": 31010})
+    )
+    resolved = resolve_port(settings)
+    assert (resolved.port, resolved.sglang.master_port, resolved.sglang.scheduler_port) == (
+        31000,
+        31005,
+        31010,
+    )
+    for flag in ("--master-port", "--scheduler-port"):
+        with pytest.raises(ServerSettingsError, match="set by the launcher"):
+            ServerSettings.from_dict(sglang_settings(sglang={"extra_args": [flag, "1"]}))
+    reference = resolve_port(
+        ServerSettings.from_dict(
+            {"backend": "reference", "slot": 0, "reference": {"policy": "hold"}}
+        )
+    )
+    assert "--master-port" not in build_command(reference)
+
+
+@pytest.mark.parametrize(
+    ("backend", "ports"), [("reference", [30000, 30001, 30002]), ("sglang", [30000, 30002, 30004])]
+)
+def test_a_fixed_server_port_leaves_room_for_sglangs_broker(default_config, backend, ports):
+    """server.port N: slot k listens on N + k, or N + 2k for sglang (its broker takes P + 1)."""
+    from libero_eval.config import server_settings
+
+    default_config["server"].update(backend=backend, port=30000, num_slots=3, cpu_threads=2)
+    default_config["server"]["sglang"]["model_path"] = "/models/cosmos3"
+    assert [server_settings(default_config, k)["port"] for k in range(3)] == ports
+    assert ServerSettings.from_dict(server_settings(default_config, 0)).cpu_threads == 2
 
 
 def test_gpu_id_pins_cuda_visible_devices_and_no_proxy_covers_loopback(tmp_path, monkeypatch):
@@ -366,6 +439,55 @@ def test_null_gpu_id_keeps_the_environments_devices(tmp_path, monkeypatch):
     with start_fake(tmp_path, gpu_id=None, extra_env=fake_env(tmp_path)) as server:
         server.wait_healthy()
     assert recorded(tmp_path)["env"]["CUDA_VISIBLE_DEVICES"] == "5"
+
+
+def test_snakemakes_zero_thread_variables_become_a_positive_count(tmp_path, monkeypatch):
+    """The serve rule's `threads: 0` makes Snakemake export OMP_NUM_THREADS=0 and friends;
+    the server must start with a positive count instead (libgomp rejects 0)."""
+    for key in THREAD_VARIABLES:
+        monkeypatch.setenv(key, "0")
+    with start_fake(tmp_path, extra_env=fake_env(tmp_path)) as server:
+        server.wait_healthy()
+    env = recorded(tmp_path)["env"]
+    expected = str(max(1, min(16, usable_cpus())))
+    assert {key: env[key] for key in THREAD_VARIABLES} == dict.fromkeys(THREAD_VARIABLES, expected)
+    assert server.env["OMP_NUM_THREADS"] == expected
+
+
+def test_thread_count_is_shared_among_the_servers_gpus_and_capped():
+    two_gpus = ServerSettings.from_dict(sglang_settings(sglang={"num_gpus": 2}))
+    one_gpu = ServerSettings.from_dict(sglang_settings())
+    assert server_threads(two_gpus, cpus=12) == 6
+    assert server_threads(two_gpus, cpus=1) == 1
+    assert server_threads(one_gpu, cpus=64) == 16
+    assert build_env(two_gpus, base={})["OMP_NUM_THREADS"] == str(server_threads(two_gpus))
+    assert "MKL_NUM_THREADS" not in build_env(two_gpus, base={})  # only fixed, never added
+
+
+def test_configured_cpu_threads_replace_every_thread_variable(tmp_path, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "0")
+    monkeypatch.setenv("MKL_NUM_THREADS", "8")
+    monkeypatch.delenv("GOTO_NUM_THREADS", raising=False)
+    with start_fake(tmp_path, cpu_threads=3, extra_env=fake_env(tmp_path)) as server:
+        server.wait_healthy()
+    env = recorded(tmp_path)["env"]
+    assert (env["OMP_NUM_THREADS"], env["MKL_NUM_THREADS"], env["GOTO_NUM_THREADS"]) == (
+        "3",
+        "3",
+        None,
+    )
+    with pytest.raises(ServerSettingsError, match=r"server\.cpu_threads: must be >= 1"):
+        ServerSettings.from_dict(sglang_settings(cpu_threads=0))
+
+
+@pytest.mark.parametrize("value", ["", "abc", "-2", "0"])
+def test_invalid_thread_counts_are_replaced_and_valid_ones_kept(value):
+    settings = ServerSettings.from_dict(sglang_settings())
+    fixed = build_env(settings, base={"OMP_NUM_THREADS": value, "MKL_NUM_THREADS": "3"})
+    assert fixed["OMP_NUM_THREADS"] == str(server_threads(settings))
+    assert fixed["MKL_NUM_THREADS"] == "3"
+    chosen = ServerSettings.from_dict(sglang_settings(extra_env={"OMP_NUM_THREADS": "5"}))
+    assert build_env(chosen, base={"OMP_NUM_THREADS": value})["OMP_NUM_THREADS"] == "5"
 
 
 def test_wildcard_hosts_are_reached_through_loopback():

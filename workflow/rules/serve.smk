@@ -5,6 +5,8 @@ rule serve:
         "logs/{run}/serve/slot{slot}.log",
     conda:
         "../envs/libero_eval.yaml"
+    # 0: a service's resources add up with its consumers'. Snakemake then exports
+    # OMP_NUM_THREADS=0; the launcher gives the server a positive count (serve/command.py).
     threads: 0
     resources:
         **slurm_placement(server=True),

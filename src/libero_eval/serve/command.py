@@ -3,12 +3,19 @@
 The SGLang flags emitted here all exist in SGLang 0.5.23's
 `sglang/multimodal_gen/runtime/server_args/server_args.py` (`--model-path`,
 `--pipeline-class-name`, `--attention-backend`, `--num-gpus`, `--tp-size`,
-`--batching-max-size`, `--host`, `--port`); `serve` is the subcommand of the `sglang`
-console script (`sglang = sglang.cli.main:main`, see `sglang/cli/main.py`).
+`--batching-max-size`, `--host`, `--port`, `--master-port`, `--scheduler-port`,
+`--input-save-path`); `serve` is the subcommand of the `sglang` console script
+(`sglang = sglang.cli.main:main`, see `sglang/cli/main.py`).
+
+Besides its HTTP port P, `sglang serve` binds P + 1 (its ZMQ broker), a scheduler port (5555 +
+random 0-100) and a torch.distributed master port (30005), checked free when it parses its
+arguments and bound seconds later. Two servers started together on one host both take 30005
+and the second dies with EADDRINUSE, so `resolve_port` gives every server its own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -18,6 +25,21 @@ from dataclasses import replace
 from libero_eval.serve.settings import SGLANG_MEMORY_CAP_VARIABLE, ServerSettings
 
 LOOPBACK_NO_PROXY = ("127.0.0.1", "localhost")
+# Snakemake exports these set to the job's `threads` (snakemake/shell.py). The serve rule has
+# `threads: 0` (a service's resources add up with its consumers'), so they arrive as "0":
+# libgomp rejects that ("Invalid value for environment variable OMP_NUM_THREADS"), and SGLang
+# takes any OMP_NUM_THREADS as the deployer's choice and then does not size torch's pool.
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "GOTO_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
+# SGLang 0.5.23 sizes a worker's pool as min(16, host cores // GPUs) when OMP_NUM_THREADS is
+# unset (multimodal_gen/runtime/managers/gpu_worker.py, _worker_cpu_intra_op_threads).
+MAX_SERVER_THREADS = 16
 
 
 def build_command(settings: ServerSettings) -> list[str]:
@@ -46,6 +68,13 @@ def build_command(settings: ServerSettings) -> list[str]:
     cmd += ["--num-gpus", str(sgl.num_gpus), "--tp-size", str(sgl.tp_size)]
     cmd += ["--batching-max-size", str(sgl.batching_max_size)]
     cmd += ["--pipeline-class-name", sgl.pipeline_class_name]
+    # SGLang saves uploads, and its warm-up image, under --input-save-path (default
+    # inputs/uploads in its working directory: the repository); "" keeps them in a temp dir.
+    cmd += ["--input-save-path", ""]
+    if sgl.master_port is not None:
+        cmd += ["--master-port", str(sgl.master_port)]
+    if sgl.scheduler_port is not None:
+        cmd += ["--scheduler-port", str(sgl.scheduler_port)]
     if sgl.attention_backend is not None:
         cmd += ["--attention-backend", sgl.attention_backend]
     if sgl.performance_mode is not None:
@@ -58,9 +87,44 @@ def _merge_no_proxy(current: str | None, hosts: Sequence[str]) -> str:
     return ",".join(entries + [h for h in hosts if h not in entries])
 
 
+def usable_cpus() -> int:
+    """CPUs this process may run on (its affinity mask: a Slurm cpuset, taskset, ...)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def server_threads(settings: ServerSettings, cpus: int | None = None) -> int:
+    """CPU threads for the server: `settings.cpu_threads`, else the usable CPUs shared among
+    its GPUs, 1 to 16 (SGLang's own rule for a worker, but counted on the CPUs this job may
+    use, not the whole host)."""
+    if settings.cpu_threads is not None:
+        return settings.cpu_threads
+    gpus = settings.sglang.num_gpus if settings.sglang is not None else 1
+    cpus = usable_cpus() if cpus is None else cpus
+    return max(1, min(MAX_SERVER_THREADS, cpus // max(1, gpus)))
+
+
+def _is_thread_count(value: str | None) -> bool:
+    return value is not None and value.strip().isdigit() and int(value) > 0
+
+
+def _fix_thread_variables(env: dict[str, str], threads: int, force: bool) -> None:
+    """Set the thread variables that are not a positive integer (Snakemake's "0" for the
+    serve job), or all of them with `force`, to `threads`; OMP_NUM_THREADS is set even when
+    absent. Without `force` a valid value stays."""
+    for key in THREAD_VARIABLES:
+        present = key in env or key == "OMP_NUM_THREADS"
+        if present and (force or not _is_thread_count(env.get(key))):
+            env[key] = str(threads)
+
+
 def build_env(settings: ServerSettings, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The server's environment: `base` (default os.environ) + loopback NO_PROXY + GPU pin."""
+    """The server's environment: `base` (default os.environ) + loopback NO_PROXY + GPU pin +
+    a positive thread count (`server_threads`); `settings.extra_env` overrides all of it."""
     env = dict(os.environ if base is None else base)
+    _fix_thread_variables(env, server_threads(settings), settings.cpu_threads is not None)
     hosts = list(LOOPBACK_NO_PROXY)
     if settings.host not in hosts and settings.host not in ("0.0.0.0", "::", ""):
         hosts.append(settings.host)
@@ -76,12 +140,30 @@ def build_env(settings: ServerSettings, base: Mapping[str, str] | None = None) -
     return env
 
 
-def pick_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port the OS considers free on `host` right now."""
+def pick_free_port(host: str = "127.0.0.1", with_next: bool = False) -> int:
+    """A TCP port the OS considers free on `host` right now (and port + 1 too, `with_next`)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    for _ in range(100):
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+            if not with_next or (port < 65535 and port_is_free(host, port + 1)):
+                return port
+    raise OSError(f"no free port P on {host} with P + 1 free as well")
+
+
+def pick_free_ports(count: int, avoid: set[int], host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct free ports on `host`, none in `avoid` (all held open while picking)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        while len(ports) < count:
+            sock = stack.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            port = int(sock.getsockname()[1])
+            if port not in avoid:
+                ports.append(port)
+        return ports
 
 
 def port_is_free(host: str, port: int) -> bool:
@@ -97,7 +179,20 @@ def port_is_free(host: str, port: int) -> bool:
 
 
 def resolve_port(settings: ServerSettings) -> ServerSettings:
-    """Settings with a concrete port: port 0 becomes a free port on settings.host."""
-    if settings.port != 0:
-        return settings
-    return replace(settings, port=pick_free_port(settings.host))
+    """Settings with concrete ports: port 0 becomes a free port on settings.host (for sglang
+    one whose next port, SGLang's broker, is free too), and an sglang server without its own
+    master and scheduler ports gets two free ones. Ports already set stay."""
+    sglang = settings.backend == "sglang"
+    if settings.port == 0:
+        settings = replace(settings, port=pick_free_port(settings.host, with_next=sglang))
+    sgl = settings.sglang
+    if sglang and sgl is not None and (sgl.master_port is None or sgl.scheduler_port is None):
+        avoid = {settings.port, settings.port + 1, sgl.master_port, sgl.scheduler_port}
+        master, scheduler = pick_free_ports(2, {p for p in avoid if p is not None})
+        sgl = replace(
+            sgl,
+            master_port=master if sgl.master_port is None else sgl.master_port,
+            scheduler_port=scheduler if sgl.scheduler_port is None else sgl.scheduler_port,
+        )
+        settings = replace(settings, sglang=sgl)
+    return settings

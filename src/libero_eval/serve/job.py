@@ -184,7 +184,11 @@ class _Slot:
         except ServerStartError as exc:
             return self.fail(str(exc), str(exc).splitlines()[0])
         self.publish("starting", pid=server.pid, pgid=server.pgid)
-        _say(f"slot {settings.slot}: started pid {server.pid}, waiting for {server.url}/health")
+        threads = server.env.get("OMP_NUM_THREADS")
+        _say(
+            f"slot {settings.slot}: started pid {server.pid} (OMP_NUM_THREADS={threads}), "
+            f"waiting for {server.url}{settings.health_path}"
+        )
         try:
             startup_s = server.wait_healthy(stop)
         except LaunchAborted:

@@ -144,6 +144,7 @@ class ManagedServer:
         self._started_monotonic = 0.0
         self.log_path: str | None = None
         self.command: list[str] = []
+        self.env: dict[str, str] = {}
 
     # ---- lifecycle
 
@@ -184,14 +185,14 @@ class ManagedServer:
         """
         if self._proc is not None:
             raise RuntimeError("ManagedServer.start() called twice")
-        if self.settings.port == 0:
-            self.settings = resolve_port(self.settings)
-        elif not port_is_free(self.settings.host, self.settings.port):
+        if self.settings.port != 0 and not port_is_free(self.settings.host, self.settings.port):
             raise ServerStartError(
                 f"server.port: {self.settings.host}:{self.settings.port} is already in use by "
                 "another process; stop it, choose another server.port, or use 0 for a free one"
             )
+        self.settings = resolve_port(self.settings)
         self.command = build_command(self.settings)
+        self.env = build_env(self.settings)
         self.log_path = str(log_path) if log_path is not None else _path_of_stream(log_stream)
         log_stream.flush()
         try:
@@ -200,7 +201,7 @@ class ManagedServer:
                 stdin=subprocess.DEVNULL,
                 stdout=log_stream,
                 stderr=subprocess.STDOUT,
-                env=build_env(self.settings),
+                env=self.env,
                 start_new_session=True,
                 preexec_fn=_child_parent_death_hook() if self.die_with_launcher else None,
                 cwd=self.settings.openpi.cwd if self.settings.openpi is not None else None,

@@ -30,6 +30,8 @@ SGLANG_MANAGED_FLAGS = (
     "--attention-backend",
     "--performance-mode",
     "--mode",
+    "--master-port",
+    "--scheduler-port",
 )
 # SGLang 0.5.23's diffusion server has no memory-fraction flag (--mem-fraction-static is the
 # LLM server's). This variable caps its CUDA allocator (torch.cuda.set_per_process_memory_fraction
@@ -169,6 +171,9 @@ class SglangServerSettings:
     performance_mode: str | None = None  # --performance-mode; None keeps SGLang's (auto)
     gpu_memory_cap_gib: float | None = None  # SGLANG_MEMORY_CAP_VARIABLE; None = no cap
     extra_args: list[str] = field(default_factory=list)
+    # --master-port / --scheduler-port; None: a free port each at launch (command.resolve_port)
+    master_port: int | None = None
+    scheduler_port: int | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "server.sglang") -> SglangServerSettings:
@@ -221,7 +226,16 @@ class SglangServerSettings:
             performance_mode=performance_mode,
             gpu_memory_cap_gib=_get_float(data, "gpu_memory_cap_gib", where, None, 0.0, True),
             extra_args=extra_args,
+            master_port=_get_port(data, "master_port", where),
+            scheduler_port=_get_port(data, "scheduler_port", where),
         )
+
+
+def _get_port(data: Mapping[str, Any], key: str, where: str) -> int | None:
+    port = _get_int(data, key, where, None, 1)
+    if port is not None and port > 65535:
+        raise ServerSettingsError(f"{where}.{key}: must be <= 65535, got {port}")
+    return port
 
 
 @dataclass(frozen=True)
@@ -286,6 +300,7 @@ class ServerSettings:
     health_timeout_s: float = 900.0
     health_poll_s: float = 1.0
     teardown_grace_s: float = 20.0
+    cpu_threads: int | None = None  # None: command.server_threads picks
     gpu_id: int | tuple[int, ...] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     reference: ReferenceServerFlags | None = None
@@ -352,6 +367,7 @@ class ServerSettings:
             health_timeout_s=_get_float(data, "health_timeout_s", where, 900.0, 0.0, True),
             health_poll_s=_get_float(data, "health_poll_s", where, 1.0, 0.0, True),
             teardown_grace_s=_get_float(data, "teardown_grace_s", where, 20.0, 0.0, False),
+            cpu_threads=_get_int(data, "cpu_threads", where, None, 1),
             gpu_id=gpu_id,
             extra_env={k: str(v) for k, v in extra_env.items()},
             reference=reference,

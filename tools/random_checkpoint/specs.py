@@ -1,0 +1,334 @@
+"""Configuration files of the random checkpoints (pure Python: no torch, no SGLang).
+
+Everything here is what a checkpoint directory says about itself: Cosmos3's diffusers
+``model_index.json`` and component configs, and π0.5's ``config.json`` in the two lineages
+SGLang 0.5.23 serves (LeRobot, and openpi converted to PyTorch), with LeRobot's
+``policy_preprocessor.json``. Tests import :func:`pi05_config` and :func:`write_pi05_configs`
+to build checkpoint directories without weights.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+SIZES = ("true", "tiny")
+PI05_LINEAGES = ("lerobot", "openpi")
+PALIGEMMA_REPO = "google/paligemma-3b-pt-224"
+
+# --- Cosmos3 (Cosmos3OmniDiffusersPipeline) ------------------------------------------------
+
+COSMOS3_MODEL_INDEX: dict[str, Any] = {
+    "_class_name": "Cosmos3OmniDiffusersPipeline",
+    "_diffusers_version": "0.36.0",
+    "scheduler": ["diffusers", "FlowUniPCMultistepScheduler"],
+    "text_tokenizer": ["transformers", "Qwen2TokenizerFast"],
+    "transformer": ["diffusers", "Cosmos3OmniTransformer"],
+    "vae": ["diffusers", "AutoencoderKLWan"],
+}
+
+COSMOS3_SCHEDULER: dict[str, Any] = {
+    "_class_name": "FlowUniPCMultistepScheduler",
+    "_diffusers_version": "0.36.0",
+    "num_train_timesteps": 1000,
+    "shift": 1.0,
+    "use_dynamic_shifting": False,
+}
+
+# The true DiT is SGLang 0.5.23's default Cosmos3 architecture (Cosmos3VideoArchConfig,
+# Qwen3-8B-derived): 4096 x 36, GQA 32/8, FFN 12288, 14.55 B parameters.
+_COSMOS3_TRANSFORMER: dict[str, Any] = {
+    "_class_name": "Cosmos3OmniTransformer",
+    "_diffusers_version": "0.36.0",
+    "hidden_size": 4096,
+    "num_hidden_layers": 36,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "intermediate_size": 12288,
+    "hidden_act": "silu",
+    "qk_norm_for_text": True,
+    "use_und_k_norm_for_gen": False,
+    "latent_patch_size": 2,
+    "latent_channel": 48,
+    "out_channels": 48,
+    "rope_theta": 5000000.0,
+    "rope_scaling": {"rope_type": "default", "mrope_section": [24, 20, 20]},
+    "base_fps": 24.0,
+    "temporal_compression_factor": 4,
+    "unified_3d_mrope_temporal_modality_margin": 15000,
+    "sound_gen": False,
+    "action_gen": True,
+    "action_dim": 64,
+    "num_embodiment_domains": 32,
+    "timestep_scale": 0.001,
+    "frequency_embedding_size": 256,
+    "vocab_size": 151936,
+    "rms_norm_eps": 1e-06,
+}
+
+# Wan 2.2-like VAE with 48 latent channels (16x spatial, 4x temporal compression).
+_WAN_LATENTS_MEAN = [
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542,
+    0.2813, 0.0891, 0.157, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109,
+    0.2665, -0.2108, -0.2158, 0.2502, -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899,
+    -0.2799, -0.123, -0.0313, -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.052, 0.3748,
+    0.0152, 0.1957, 0.1433, -0.2944, 0.3573, -0.0548, -0.1681, -0.0667,
+]  # fmt: skip
+_WAN_LATENTS_STD = [
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.499, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894,
+    1.0901, 0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146,
+    0.8986, 0.5659, 0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709,
+    0.6065, 0.6415, 0.4944, 0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.06, 0.3894, 0.5452,
+    0.2898, 0.5061, 0.3937, 0.5201,
+]  # fmt: skip
+_COSMOS3_VAE: dict[str, Any] = {
+    "_class_name": "AutoencoderKLWan",
+    "_diffusers_version": "0.35.0",
+    "attn_scales": [],
+    "base_dim": 160,
+    "decoder_base_dim": 256,
+    "clip_output": False,
+    "dim_mult": [1, 2, 4, 4],
+    "dropout": 0.0,
+    "in_channels": 12,
+    "out_channels": 12,
+    "is_residual": True,
+    "latents_mean": _WAN_LATENTS_MEAN,
+    "latents_std": _WAN_LATENTS_STD,
+    "num_res_blocks": 2,
+    "patch_size": 2,
+    "scale_factor_spatial": 16,
+    "scale_factor_temporal": 4,
+    "temperal_downsample": [False, True, True],
+    "z_dim": 48,
+}
+
+# "tiny": the same classes and wiring, small enough for a CPU forward in seconds. The latent
+# width (48), patching, compression factors, vocabulary and action head stay as they are, so
+# requests, tokenizer and responses are those of the true model.
+_COSMOS3_TINY_TRANSFORMER = {
+    "hidden_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 64,
+    "intermediate_size": 512,
+    "rope_scaling": {"rope_type": "default", "mrope_section": [12, 10, 10]},
+}
+_COSMOS3_TINY_VAE = {"base_dim": 16, "decoder_base_dim": 16, "num_res_blocks": 1}
+
+
+def cosmos3_configs(size: str) -> dict[str, dict[str, Any]]:
+    """``{relative path: JSON}`` of a Cosmos3 checkpoint's configuration files."""
+    _check_size(size)
+    transformer = dict(_COSMOS3_TRANSFORMER)
+    vae = dict(_COSMOS3_VAE)
+    if size == "tiny":
+        transformer.update(_COSMOS3_TINY_TRANSFORMER)
+        vae.update(_COSMOS3_TINY_VAE)
+    return {
+        "model_index.json": COSMOS3_MODEL_INDEX,
+        "transformer/config.json": transformer,
+        "vae/config.json": vae,
+        "scheduler/scheduler_config.json": COSMOS3_SCHEDULER,
+    }
+
+
+# --- π0.5 (Pi05Pipeline) ------------------------------------------------------------------
+
+# SGLang 0.5.23 knows two Gemma variants (pi05_core.get_gemma_variant_config). "tiny" names
+# variants of its own, which only a loader patched by
+# tools/random_checkpoint/sglang_models.py (pi05_tiny_variants) knows: an unpatched SGLang
+# refuses them ("Unknown Pi05 Gemma variant"), so a tiny π0.5 is for loader tests, not serving.
+PI05_TINY_VARIANTS: dict[str, dict[str, int]] = {
+    # the VLM's width stays 2048: SGLang fixes the SigLIP projector's output at 2048
+    "random_tiny_vlm": dict(
+        width=2048, depth=1, mlp_dim=256, num_heads=8, num_kv_heads=1, head_dim=256
+    ),
+    # joint attention: heads, head_dim and depth match the VLM's
+    "random_tiny_expert": dict(
+        width=256, depth=1, mlp_dim=512, num_heads=8, num_kv_heads=1, head_dim=256
+    ),
+}
+PI05_TINY_VOCAB = 1024  # ids of the stand-in tokenizer stay far below this
+PI05_TINY_VISION_LAYERS = 1
+
+LIBERO_STATE_DIM = 8  # eef_pos(3) + axis-angle(3) + gripper_qpos(2)
+LIBERO_ACTION_DIM = 7
+
+
+def _variants(size: str) -> tuple[str, str]:
+    return ("gemma_2b", "gemma_300m") if size == "true" else tuple(PI05_TINY_VARIANTS)
+
+
+def pi05_config(lineage: str, size: str = "true") -> dict[str, Any]:
+    """π0.5 ``config.json`` as each lineage writes it for LIBERO.
+
+    - ``lerobot``: LeRobot's ``PI05Config`` (``type: pi05``), LIBERO features
+      ``observation.images.image`` (agentview), ``observation.images.image2`` (wrist),
+      ``observation.state`` [8], action [7]; chunk 50. SGLang's ``_apply_checkpoint_config``
+      reads ``chunk_size``, ``n_action_steps``, ``max_*_dim``, the variants, the features
+      (camera keys and state width) and ``tokenizer_max_length``.
+    - ``openpi``: what openpi's ``examples/convert_jax_model_to_pytorch.py`` writes for
+      ``pi05_libero`` (``action_dim``, ``action_horizon`` 10, the variants, ``precision``),
+      plus ``discrete_state_input: false`` as later converters record it. SGLang reads only
+      the two variant names from it: horizon 50, state 32 and the default camera keys
+      (``base_0_rgb``, ``left_wrist_0_rgb``, ``right_wrist_0_rgb``) stay in force.
+    """
+    _check_size(size)
+    vlm, expert = _variants(size)
+    if lineage == "openpi":
+        return {
+            "action_dim": 32,
+            "action_horizon": 10,
+            "paligemma_variant": vlm,
+            "action_expert_variant": expert,
+            "precision": "bfloat16",
+            "discrete_state_input": False,
+        }
+    if lineage != "lerobot":
+        raise ValueError(f"unknown π0.5 lineage {lineage!r}; known: {PI05_LINEAGES}")
+    visual = {"type": "VISUAL", "shape": [3, 256, 256]}
+    return {
+        "type": "pi05",
+        "n_obs_steps": 1,
+        "input_features": {
+            "observation.images.image": dict(visual),
+            "observation.images.image2": dict(visual),
+            "observation.state": {"type": "STATE", "shape": [LIBERO_STATE_DIM]},
+        },
+        "output_features": {"action": {"type": "ACTION", "shape": [LIBERO_ACTION_DIM]}},
+        "device": "cuda",
+        "use_amp": False,
+        "push_to_hub": False,
+        "paligemma_variant": vlm,
+        "action_expert_variant": expert,
+        "dtype": "bfloat16",
+        "chunk_size": 50,
+        "n_action_steps": 50,
+        "max_state_dim": 32,
+        "max_action_dim": 32,
+        "num_inference_steps": 10,
+        "time_sampling_beta_alpha": 1.5,
+        "time_sampling_beta_beta": 1.0,
+        "time_sampling_scale": 0.999,
+        "time_sampling_offset": 0.001,
+        "min_period": 0.004,
+        "max_period": 4.0,
+        "image_resolution": [224, 224],
+        "empty_cameras": 0,
+        "tokenizer_max_length": 200,
+        "normalization_mapping": {
+            "VISUAL": "IDENTITY",
+            "STATE": "QUANTILES",
+            "ACTION": "QUANTILES",
+        },
+        "gradient_checkpointing": False,
+        "compile_model": False,
+    }
+
+
+NORMALIZER_STATE_FILE = "policy_preprocessor_step_2_normalizer_processor.safetensors"
+
+
+def lerobot_preprocessor() -> dict[str, Any]:
+    """LeRobot's ``policy_preprocessor.json`` for π0.5 (make_pi05_pre_post_processors): rename,
+    batch, normalize (quantiles; its statistics in :data:`NORMALIZER_STATE_FILE`), state
+    tokenization, PaliGemma tokenizer (200 tokens), device."""
+    features = pi05_config("lerobot")["input_features"]
+    return {
+        "name": "policy_preprocessor",
+        "steps": [
+            {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
+            {"registry_name": "to_batch_processor", "config": {}},
+            {
+                "registry_name": "normalizer_processor",
+                "config": {
+                    "eps": 1e-08,
+                    "features": {
+                        **features,
+                        "action": {"type": "ACTION", "shape": [LIBERO_ACTION_DIM]},
+                    },
+                    "norm_map": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"},
+                },
+                "state_file": NORMALIZER_STATE_FILE,
+            },
+            {"registry_name": "pi05_prepare_state_tokenizer_processor_step", "config": {}},
+            {
+                "registry_name": "tokenizer_processor",
+                "config": {
+                    "max_length": 200,
+                    "task_key": "task",
+                    "padding_side": "right",
+                    "padding": "max_length",
+                    "truncation": True,
+                    "tokenizer_name": PALIGEMMA_REPO,
+                },
+            },
+            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
+        ],
+    }
+
+
+def lerobot_normalizer_stats(openpi_stats: dict[str, Any]) -> dict[str, list[float]]:
+    """openpi's ``norm_stats.json`` as LeRobot's flat normalizer keys
+    (``observation.state.q01``, ``action.q99``, ...)."""
+    stats = openpi_stats.get("norm_stats", openpi_stats)
+    return {
+        f"{feature}.{stat}": [float(x) for x in values]
+        for feature, block in (("observation.state", stats["state"]), ("action", stats["actions"]))
+        for stat, values in block.items()
+    }
+
+
+def write_pi05_configs(
+    directory: Path, lineage: str, size: str = "true", norm_stats: Path | None = None
+) -> list[Path]:
+    """Write a π0.5 checkpoint's configuration (no weights) into ``directory``.
+
+    LeRobot: ``config.json`` and ``policy_preprocessor.json`` (+ its normalizer safetensors
+    when ``norm_stats``, an openpi ``norm_stats.json``, is given). openpi: ``config.json`` and
+    ``assets/physical-intelligence/libero/norm_stats.json`` (when given). Returns the paths.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    written = [_write_json(directory / "config.json", pi05_config(lineage, size))]
+    stats = json.loads(norm_stats.read_text(encoding="utf-8")) if norm_stats else None
+    if lineage == "lerobot":
+        written.append(_write_json(directory / "policy_preprocessor.json", lerobot_preprocessor()))
+        if stats is not None:
+            import numpy as np
+            from safetensors.numpy import save_file
+
+            flat = {
+                key: np.asarray(values, dtype=np.float32)
+                for key, values in lerobot_normalizer_stats(stats).items()
+            }
+            save_file(flat, str(directory / NORMALIZER_STATE_FILE))
+            written.append(directory / NORMALIZER_STATE_FILE)
+    elif stats is not None:
+        target = directory / "assets" / "physical-intelligence" / "libero" / "norm_stats.json"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        written.append(_write_json(target, stats))
+    return written
+
+
+def write_cosmos3_configs(directory: Path, size: str) -> list[Path]:
+    """Write a Cosmos3 checkpoint's configuration files (no weights, no tokenizer)."""
+    written = []
+    for relative, payload in cosmos3_configs(size).items():
+        path = directory / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        written.append(_write_json(path, payload))
+    return written
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> Path:
+    path.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def _check_size(size: str) -> None:
+    if size not in SIZES:
+        raise ValueError(f"unknown size {size!r}; known: {SIZES}")
