@@ -72,9 +72,7 @@ def test_client_statistics_other_than_the_models_fail_the_shard_loudly(tmp_path,
     [("lerobot", {}), ("openpi", {"discrete_state_input": False})],
     ids=["lerobot", "openpi"],
 )
-def test_each_lineage_runs_against_a_server_standing_in_for_its_checkpoint(
-    tmp_path, lineage, pi05
-):
+def test_each_lineage_runs_against_a_server_standing_in_for_its_checkpoint(tmp_path, lineage, pi05):
     """The self-test's path: the reference server loads the checkpoint's layout and
     statistics, and checks cameras, state width, tokens, state values and images on real
     LIBERO observations."""
