@@ -5,8 +5,16 @@ every reset, and `set_init_state` does not undo it. These tests run real LIBERO 
 that the first observation and the fixture positions of an episode do not depend on what the
 env ran before, and that `reset_seeding: reference` reproduces a reference that seeds once
 per task and runs its trials in order.
+
+`reset_mode: fast` (libero_eval.rollout.fast_reset) must give what LIBERO's hard reset gives:
+for one task of each LIBERO suite and of a LIBERO-PRO suite, an episode run on a fast env after
+another episode of the task is compared with the same episode on a fresh hard env: first
+observation (both cameras, proprioception) byte-identical, fixture and object positions, the
+sim state after every chunk of a fixed action sequence, every query's images, the outcome, and
+every array of the MuJoCo model at the end.
 """
 
+import dataclasses
 import os
 
 import numpy as np
@@ -17,8 +25,10 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 from libero_eval.rollout.env_worker import (  # noqa: E402
     SETTLE_ACTION,
     EnvSettings,
+    EpisodeOutcome,
     EpisodeSpec,
     LiberoEpisodeEnv,
+    seeded_action_chunks,
 )
 from libero_eval.rollout.protocols import get_protocol  # noqa: E402
 
@@ -61,7 +71,7 @@ def test_an_episode_run_first_and_fifth_on_one_env_has_the_same_scene():
 def test_reference_seeding_reproduces_seed_once_per_task_with_trials_in_order():
     protocol = get_protocol("openpi", max_steps_override=16)
     # openpi's loop: env.seed(7) once for the task, then trials 0, 1, 2 in order, each stepped.
-    reference = LiberoEpisodeEnv(EnvSettings(render_mode="every_step"), protocol)
+    reference = LiberoEpisodeEnv(EnvSettings(render_mode="every_step", reset_mode="hard"), protocol)
     ours = LiberoEpisodeEnv(EnvSettings(reset_seeding="reference"), protocol)
     try:
         reference._load(SUITE, 0)
@@ -85,3 +95,99 @@ def test_reference_seeding_reproduces_seed_once_per_task_with_trials_in_order():
     finally:
         reference.close()
         ours.close()
+
+
+# One task per suite; the fixtures and object states differ between them (a stove that turns
+# on, a microwave door, drawers, a living room); libero_goal_swap is a LIBERO-PRO suite.
+FAST_RESET_CASES = [
+    ("libero_spatial", 0),
+    ("libero_object", 0),
+    ("libero_goal", 7),
+    ("libero_10", 9),
+    ("libero_90", 0),
+    ("libero_goal_swap", 1),
+]
+CHUNK, CHUNKS = 8, 3
+
+
+def _episode_record(env: LiberoEpisodeEnv, spec: EpisodeSpec, seed: int) -> dict:
+    """The first query, the scene, and a fixed action sequence's trajectory of one episode."""
+    first = env.start_episode(spec)
+    inner = env._env.env
+    record = {
+        "first": first,
+        "fixtures": env.fixture_positions(),
+        "bodies": {
+            name: np.array(inner.sim.data.body_xpos[i]) for name, i in inner.obj_body_id.items()
+        },
+        "states": [env.sim_state()],
+        "queries": [],
+    }
+    for chunk in seeded_action_chunks(seed=seed, count=CHUNKS, length=CHUNK):
+        result = env.step_chunk(chunk)
+        record["states"].append(env.sim_state())
+        if isinstance(result, EpisodeOutcome):
+            record["outcome"] = (result.success_once, result.first_success_step, result.steps)
+            break
+        record["queries"].append(result)
+    model = inner.sim.model._model
+    record["model"] = {
+        name: np.array(value)
+        for name in dir(model)
+        if not name.startswith("_") and isinstance(value := getattr(model, name), np.ndarray)
+    }
+    return record
+
+
+def _images(observation) -> list[bytes]:
+    return [observation.agentview.tobytes(), observation.wrist.tobytes()]
+
+
+def _assert_same_episode(got: dict, expected: dict, where: str) -> None:
+    first, ref = got["first"], expected["first"]
+    assert _images(first) == _images(ref), f"{where}: first observation's images differ"
+    assert first.agentview.any() and first.wrist.any(), f"{where}: blank first observation"
+    assert first.proprio and first.proprio.keys() == ref.proprio.keys()
+    for key in ref.proprio:
+        assert first.proprio[key].tobytes() == ref.proprio[key].tobytes(), f"{where}: {key}"
+    assert got["bodies"], "no objects or fixtures compared"  # libero_object has no fixtures
+    for kind in ("fixtures", "bodies"):
+        assert got[kind].keys() == expected[kind].keys()
+        for name in expected[kind]:
+            np.testing.assert_array_equal(got[kind][name], expected[kind][name], err_msg=name)
+    assert len(got["states"]) == len(expected["states"]) == CHUNKS + 1
+    for index, (state, ref_state) in enumerate(zip(got["states"], expected["states"], strict=True)):
+        assert state.tobytes() == ref_state.tobytes(), f"{where}: sim state after chunk {index}"
+    for index, (query, ref_query) in enumerate(
+        zip(got["queries"], expected["queries"], strict=True)
+    ):
+        assert _images(query) == _images(ref_query), f"{where}: query {index} images differ"
+    assert got["outcome"] == expected["outcome"], where
+    changed = [
+        n for n in expected["model"] if got["model"][n].tobytes() != expected["model"][n].tobytes()
+    ]
+    assert not changed, f"{where}: model arrays differ from a hard reset's: {changed}"
+
+
+@pytest.mark.parametrize(("suite", "task_id"), FAST_RESET_CASES)
+def test_fast_reset_gives_what_a_hard_reset_gives(suite, task_id):
+    """Two episodes of one task on one env, each stepped with its own actions, hard and fast:
+    the first right after the env's creation, the second after the first. (Both run the same
+    history: LIBERO's own hard reset depends on it for tasks that start with an articulated
+    object open or closed, see docs/performance.md.)"""
+    protocol = get_protocol("openpi", max_steps_override=CHUNK * CHUNKS)
+    protocol = dataclasses.replace(protocol, actions_per_query=None)
+    episodes = [(EpisodeSpec(suite, task_id, 0), 99), (EpisodeSpec(suite, task_id, 1), task_id)]
+    records = {}
+    for mode in ("hard", "fast"):
+        env = LiberoEpisodeEnv(EnvSettings(reset_mode=mode), protocol)
+        try:
+            records[mode] = [_episode_record(env, spec, seed) for spec, seed in episodes]
+            if mode == "fast":
+                assert (env._fast_reset.reused, env._fast_reset.compiled) == (2, 0)
+        finally:
+            env.close()
+    for (spec, _seed), got, expected in zip(
+        episodes, records["fast"], records["hard"], strict=True
+    ):
+        _assert_same_episode(got, expected, f"{suite} task {task_id} init {spec.init_state_id}")

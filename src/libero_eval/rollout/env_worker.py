@@ -45,6 +45,7 @@ class EnvSettings:
     render_mode: str = "on_demand"  # or "every_step" (what every peer does)
     send_privileged_state: bool = False
     reset_seeding: str = "episode"  # or "reference" (libero_eval.rollout.protocols)
+    reset_mode: str = "fast"  # or "hard" (LIBERO's own; libero_eval.rollout.fast_reset)
     video_stride: int = 0  # >0: also render every Nth step for an episode video
     mujoco_gl: str = "egl"
     # rollout.render_device resolved for this shard (libero_eval.rollout.render_device): the
@@ -162,6 +163,7 @@ class LiberoEpisodeEnv:
         self.settings = settings
         self.protocol = protocol
         self._env = None
+        self._fast_reset = None  # libero_eval.rollout.fast_reset.FastReset with reset_mode fast
         self._task: tuple[str, int] | None = None
         self._switch = _RenderSwitch()
         self.task_language = ""
@@ -203,6 +205,22 @@ class LiberoEpisodeEnv:
                 f"rollout.render_mode: {self.settings.render_mode!r} is not one of "
                 "'on_demand', 'every_step'"
             )
+        if self.settings.reset_mode == "fast":
+            from libero_eval.rollout.fast_reset import FastReset
+
+            lazy = None
+            if self.settings.render_mode == "on_demand":
+                shape = (size, size, 3)
+                switch = self._switch
+
+                def lazy(sensor):
+                    return _LazyCameraSensor(sensor, switch, shape)
+
+            self._fast_reset = FastReset(self._env.env, lazy_camera=lazy)
+        elif self.settings.reset_mode != "hard":
+            raise ValueError(
+                f"rollout.reset_mode: {self.settings.reset_mode!r} is not one of 'hard', 'fast'"
+            )
         self._task = (suite, task_id)
 
     def _install_lazy_cameras(self) -> None:
@@ -231,6 +249,7 @@ class LiberoEpisodeEnv:
             with contextlib.suppress(Exception):
                 self._env.close()
         self._env = None
+        self._fast_reset = None
         self._task = None
 
     # -- stepping ------------------------------------------------------------------------------
