@@ -344,6 +344,7 @@ def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
         "max_inflight_requests",
         "batch_timeout_s",
         "render_mode",  # byte-identical by construction and by test
+        "reset_mode",  # byte-identical by test (tests/test_episode_determinism.py)
         "mem_mb_per_env",
         "runtime_min",
         "videos",
@@ -514,6 +515,7 @@ class RunSettings:
                 render_mode=rollout["render_mode"],
                 send_privileged_state=rollout["send_privileged_state"],
                 reset_seeding=rollout["reset_seeding"],
+                reset_mode=rollout["reset_mode"],
                 video_stride=videos["frame_stride"] if videos["enabled"] else 0,
                 mujoco_gl=rollout["mujoco_gl"],
                 render_env=dict(render.env) if render else {},
