@@ -71,3 +71,22 @@ def test_a_changed_scene_xml_is_compiled_again():
         assert compiled.wrist.tobytes() == reused.wrist.tobytes()
     finally:
         env.close()
+
+
+def test_reset_mode_is_a_throughput_knob_default_fast_and_reaches_the_env(default_config):
+    from libero_eval import config as settings
+
+    assert default_config["rollout"]["reset_mode"] == "fast"
+    fast = settings.rollout_fingerprint(default_config)
+    default_config["rollout"]["reset_mode"] = "hard"
+    assert settings.rollout_fingerprint(default_config) == fast
+    shard = settings.RunSettings(default_config).shard_settings("shard000", 0, 1)
+    assert shard.env.reset_mode == "hard"
+
+
+def test_an_unknown_reset_mode_is_refused():
+    from libero_eval.rollout.env_worker import EnvSettings, LiberoEpisodeEnv
+    from libero_eval.rollout.protocols import get_protocol
+
+    with pytest.raises(ValueError, match="rollout.reset_mode: 'soft'"):
+        LiberoEpisodeEnv(EnvSettings(reset_mode="soft"), get_protocol("openpi"))

@@ -155,6 +155,10 @@ class LiberoEpisodeEnv:
     """A LIBERO env that runs episodes under an episode protocol."""
 
     def __init__(self, settings: EnvSettings, protocol: EpisodeProtocol):
+        if settings.reset_mode not in ("fast", "hard"):
+            raise ValueError(
+                f"rollout.reset_mode: {settings.reset_mode!r} is not one of 'fast', 'hard'"
+            )
         os.environ.update(settings.render_env)  # before robosuite is imported
         self._render_checked = not settings.render_env
         os.environ.setdefault("MUJOCO_GL", settings.mujoco_gl)
@@ -217,10 +221,6 @@ class LiberoEpisodeEnv:
                     return _LazyCameraSensor(sensor, switch, shape)
 
             self._fast_reset = FastReset(self._env.env, lazy_camera=lazy)
-        elif self.settings.reset_mode != "hard":
-            raise ValueError(
-                f"rollout.reset_mode: {self.settings.reset_mode!r} is not one of 'hard', 'fast'"
-            )
         self._task = (suite, task_id)
 
     def _install_lazy_cameras(self) -> None:
