@@ -199,9 +199,13 @@ class LiberoEpisodeEnv:
 
         bddl, self.task_language, self._init_states = task_bddl_and_language(suite, task_id)
         size = self.settings.camera_size
-        self._env = OffScreenRenderEnv(
-            bddl_file_name=bddl, camera_heights=size, camera_widths=size, horizon=100_000
-        )
+        fast = self.settings.reset_mode == "fast"
+        if fast:
+            from libero_eval.rollout.fast_reset import FastReset, capture_compile
+        with capture_compile() if fast else contextlib.nullcontext([]) as compiles:
+            self._env = OffScreenRenderEnv(
+                bddl_file_name=bddl, camera_heights=size, camera_widths=size, horizon=100_000
+            )
         if self.settings.render_mode == "on_demand":
             self._install_lazy_cameras()
         elif self.settings.render_mode != "every_step":
@@ -209,9 +213,7 @@ class LiberoEpisodeEnv:
                 f"rollout.render_mode: {self.settings.render_mode!r} is not one of "
                 "'on_demand', 'every_step'"
             )
-        if self.settings.reset_mode == "fast":
-            from libero_eval.rollout.fast_reset import FastReset
-
+        if fast:
             lazy = None
             if self.settings.render_mode == "on_demand":
                 shape = (size, size, 3)
@@ -220,7 +222,9 @@ class LiberoEpisodeEnv:
                 def lazy(sensor):
                     return _LazyCameraSensor(sensor, switch, shape)
 
-            self._fast_reset = FastReset(self._env.env, lazy_camera=lazy)
+            self._fast_reset = FastReset(
+                self._env.env, lazy_camera=lazy, compiled=compiles[-1] if compiles else None
+            )
         self._task = (suite, task_id)
 
     def _install_lazy_cameras(self) -> None:

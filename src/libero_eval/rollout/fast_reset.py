@@ -16,8 +16,9 @@ does, with three cuts:
 1. `_load_model()` runs as before (every Python object is fresh, exactly as in a hard reset),
    and its XML is compared with the XML the env's sim was compiled from. If it is the same,
    the compiled model is kept: its arrays are restored in place from a snapshot taken right
-   after the compile (what `_reset_internal` and `visualize` wrote is undone), and
-   `mj_resetData` resets the data as a fresh `MjData` starts. Otherwise the hard path runs.
+   after the compile (`capture_compile` around the env's creation; what `_reset_internal` and
+   `visualize` wrote is undone), and `mj_resetData` resets the data as a fresh `MjData`
+   starts. Otherwise the hard path runs (and is snapshotted in turn).
 2. The sim is kept, so its render context (EGL context + MjrContext) is kept and not rebuilt.
 3. With lazy cameras (`render_mode: on_demand`), the camera sensors are lazy from their
    creation, so the observables' shape check gets the placeholder instead of two renders.
@@ -35,9 +36,10 @@ pins their source, and `tests/test_fast_reset.py` fails when they change.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -66,6 +68,9 @@ SOURCE_HASHES = {
     ),
     "robosuite.environments.robot_env.RobotEnv._create_camera_sensors": (
         "1da87e9fa9e9da5c8abb8fd26ca7335fc2f8d82c4c81ab83277ce12bdb1e5b12"
+    ),
+    "robosuite.utils.binding_utils.MjSim.from_xml_string": (
+        "08ab58d255708468d7be7ce2eb9ca4f5ee7e4aeb188b7595ce8e755a33265c3a"
     ),
     "robosuite.utils.binding_utils.MjSim.reset": (
         "dca71e563ef32b3a4ae435c782f1310dbffa1aa6419b2df15635eb5951b09b80"
@@ -144,26 +149,53 @@ def _struct_fields(struct) -> dict[str, Any]:
     return fields
 
 
+@contextlib.contextmanager
+def capture_compile() -> Iterator[list[tuple[str, ModelSnapshot]]]:
+    """While open, every `MjSim.from_xml_string` (robosuite's compile) also appends (its XML, a
+    snapshot of the model it compiled) to the yielded list: wrap an env's creation in it."""
+    from robosuite.utils import binding_utils
+
+    compiles: list[tuple[str, ModelSnapshot]] = []
+    original = binding_utils.MjSim.__dict__["from_xml_string"]
+
+    def from_xml_string(cls, xml):
+        sim = original.__func__(cls, xml)
+        compiles.append((xml, ModelSnapshot(sim.model._model)))
+        return sim
+
+    binding_utils.MjSim.from_xml_string = classmethod(from_xml_string)
+    try:
+        yield compiles
+    finally:
+        binding_utils.MjSim.from_xml_string = original
+
+
 class FastReset:
     """Installs itself as `inner_env.reset` (the robosuite env inside LIBERO's ControlEnv) of an
     env that has just been created."""
 
-    def __init__(self, inner_env, lazy_camera: Callable[[Any], Any] | None = None) -> None:
+    def __init__(
+        self,
+        inner_env,
+        lazy_camera: Callable[[Any], Any] | None = None,
+        compiled: tuple[str, ModelSnapshot] | None = None,
+    ) -> None:
+        """`compiled`: the XML the env's sim was compiled from and its model's snapshot right
+        after the compile (`capture_compile` around the env's creation); without it, the XML
+        is compiled once more here for the snapshot (about 0.3 s and the model's size)."""
         if not inner_env.hard_reset or inner_env.renderer not in ("mujoco", "default"):
             raise ValueError("fast reset replaces a hard reset with the mujoco renderer")
-        import mujoco
-
         self.env = inner_env
         self.reused = 0  # resets that kept the compiled model and renderer (tests read it)
         self.compiled = 0
-        # The creation compiled the current model's XML and then wrote placements into the
-        # model: snapshot a second compile of the same XML, which is what a hard reset gets.
-        self.xml = inner_env.model.get_xml()
-        xml = self.xml
-        if inner_env._xml_processor is not None:
-            xml = inner_env._xml_processor(xml)
         self.sim = inner_env.sim
-        self.snapshot = ModelSnapshot(mujoco.MjModel.from_xml_string(xml))
+        xml = self._xml()
+        if compiled is None or compiled[0] != xml:
+            # The creation wrote placements into its model: snapshot a fresh compile instead.
+            import mujoco
+
+            compiled = xml, ModelSnapshot(mujoco.MjModel.from_xml_string(xml))
+        self.xml, self.snapshot = compiled
         inner_env.reset = self.reset
         if lazy_camera is not None:
             create = inner_env._create_camera_sensors
@@ -178,6 +210,12 @@ class FastReset:
 
             inner_env._create_camera_sensors = lazy_sensors
 
+    def _xml(self) -> str:
+        """The XML `_initialize_sim` would compile for the env's current model."""
+        xml = self.env.model.get_xml()
+        processor = self.env._xml_processor
+        return processor(xml) if processor is not None else xml
+
     def reset(self) -> dict:
         """robosuite 1.4.0 `MujocoEnv.reset` for `hard_reset=True`, reusing the compiled model
         and the render context when the new model's XML is the one compiled."""
@@ -185,7 +223,7 @@ class FastReset:
         if env.deterministic_reset:
             raise ValueError("fast reset expects deterministic_reset False (LIBERO's default)")
         env._load_model()
-        xml = env.model.get_xml()
+        xml = self._xml()
         if xml == self.xml and env.sim is not None and env.sim is self.sim:
             self.snapshot.restore(env.sim.model._model)
             env.sim.reset()  # mj_resetData: the state a fresh MjData starts from
