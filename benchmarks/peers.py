@@ -12,7 +12,8 @@ physics-only env first, so that episodes succeed and the success steps can be co
 
   ours      `LiberoEpisodeEnv` (what each env worker process of a rollout shard runs), fed
             chunks of 16 actions; it renders the cameras only when an observation is due
-            (`rollout.render_mode: on_demand`), and once more with `every_step`.
+            (`rollout.render_mode: on_demand`), and once more with `every_step`; it resets
+            with `rollout.reset_mode: fast`, and `ours-hard-reset` with LIBERO's hard reset.
   vla-eval  `LIBEROBenchmark` driven by `SyncEpisodeRunner.run_episode` with an in-process
             connection that returns the next action (its websocket server is left out);
             send_wrist_image=True, max_steps=N.
@@ -154,7 +155,9 @@ def record_expert_actions(
 # -- the three workers ------------------------------------------------------------------------
 
 
-def run_ours(spec: dict[str, Any], actions: np.ndarray, render_mode: str) -> list[dict]:
+def run_ours(
+    spec: dict[str, Any], actions: np.ndarray, render_mode: str, reset_mode: str = "fast"
+) -> list[dict]:
     sys.path.insert(0, str(REPO_ROOT / "src"))
     from libero_eval.rollout.env_worker import (
         EnvSettings,
@@ -175,7 +178,12 @@ def run_ours(spec: dict[str, Any], actions: np.ndarray, render_mode: str) -> lis
     )
     # "reference": numpy's stream seeded once per task, resets in init-state order (= the
     # peers' env.seed(7) at env creation, then one reset per episode).
-    settings = EnvSettings(camera_size=SIZE, render_mode=render_mode, reset_seeding="reference")
+    settings = EnvSettings(
+        camera_size=SIZE,
+        render_mode=render_mode,
+        reset_seeding="reference",
+        reset_mode=reset_mode,
+    )
     env = LiberoEpisodeEnv(settings, protocol)
     episodes = []
     for index, init_state in enumerate(spec["init_states"]):
@@ -342,6 +350,8 @@ def worker(tool: str, spec_path: Path, out_path: Path) -> None:
         episodes = run_ours(spec, actions, "on_demand")
     elif tool == "ours-every-step":
         episodes = run_ours(spec, actions, "every_step")
+    elif tool == "ours-hard-reset":
+        episodes = run_ours(spec, actions, "on_demand", reset_mode="hard")
     elif tool == "vla-eval":
         episodes = run_vla_eval(spec, actions)
     elif tool == "lerobot":
@@ -442,6 +452,7 @@ def main(argv: list[str] | None = None) -> int:
     pythons = {
         "ours": args.python,
         "ours-every-step": args.python,
+        "ours-hard-reset": args.python,
         "vla-eval": args.vla_eval_python,
         "lerobot": args.lerobot_python,
     }
