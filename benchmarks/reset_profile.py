@@ -115,7 +115,7 @@ def instrument_classes(timer: PhaseTimer) -> None:
     timer.wrap(
         fast_reset.FastReset,
         "__init__",
-        "fast: install (compile a pristine copy, snapshot it)",
+        "fast: install (snapshot of the creation's compile)",
         parent="env creation (LiberoEpisodeEnv._load)",
     )
     timer.wrap(fast_reset.ModelSnapshot, "__init__", "fast: model snapshot")

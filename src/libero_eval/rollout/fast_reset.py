@@ -159,7 +159,7 @@ def capture_compile() -> Iterator[list[tuple[str, ModelSnapshot]]]:
     original = binding_utils.MjSim.__dict__["from_xml_string"]
 
     def from_xml_string(cls, xml):
-        sim = original.__func__(cls, xml)
+        sim = original.__get__(None, cls)(xml)  # a classmethod (or a wrapper of it)
         compiles.append((xml, ModelSnapshot(sim.model._model)))
         return sim
 
