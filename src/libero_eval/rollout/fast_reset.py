@@ -5,8 +5,9 @@ renderer, rebuilds the Python model (robots, arena, fixtures, objects, placement
 compiles its XML into a new `MjModel`, opens a new EGL context and uploads every texture and
 mesh to it (`MjrContext`), builds new observables (rendering both cameras once only to learn
 their image shape), then samples the placements. Measured on libero_spatial task 0 on 2 CPU
-cores (`benchmarks/reset_profile.py`, `docs/performance.md`): 2.2 s, of which the MjrContext is
-1.3 s, the shape-check renders 0.34 s, the compile 0.33 s and freeing the old sim 0.15 s.
+cores (`benchmarks/reset_profile.py`, `docs/performance.md`): 1.8 CPU s, of which the
+MjrContext is 1.0 s, the shape-check renders 0.32 s, the compile 0.32 s and freeing the old sim
+0.12 s; the fast reset takes 0.05 s.
 
 The XML does not depend on the episode: fixtures are placed after compiling, by writing
 `model.body_pos` / `body_quat` in `_reset_internal`, and numpy's stream is not drawn from
@@ -230,7 +231,7 @@ class FastReset:
             env.sim.forward()
             env.initialize_time(env.control_freq)
             self.reused += 1
-        else:
+        else:  # a hard reset (which frees the sim before _load_model; nothing there reads it)
             env._destroy_viewer()
             env._destroy_sim()
             env._initialize_sim()
