@@ -221,7 +221,9 @@ def throughput_runs(tmp_path):
         shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
 
 
-def throughput_overlay(path: Path, run_id: str, envs_per_shard: int) -> Path:
+def throughput_overlay(
+    path: Path, run_id: str, envs_per_shard: int, reset_mode: str = "fast"
+) -> Path:
     """6 episodes (2 tasks x 3 init states) of the scripted expert, cosmos protocol, 150 steps."""
     path.write_text(
         yaml.safe_dump(
@@ -232,6 +234,7 @@ def throughput_overlay(path: Path, run_id: str, envs_per_shard: int) -> Path:
                     "protocol": "cosmos",
                     "max_steps": 150,
                     "envs_per_shard": envs_per_shard,
+                    "reset_mode": reset_mode,
                 },
             }
         )
@@ -242,12 +245,13 @@ def throughput_overlay(path: Path, run_id: str, envs_per_shard: int) -> Path:
 def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuses_all(
     tmp_path, throughput_runs
 ):
-    """The scripted expert on 6 episodes with 1 env per shard and with 3: the same outcomes,
-    steps and seeds per episode. Then the first run again with 3 envs reuses every episode."""
+    """The scripted expert on 6 episodes with 1 env per shard and LIBERO's hard reset, and with
+    3 and the fast reset: the same outcomes, steps and seeds per episode. Then the first run
+    again with 3 envs and fast resets reuses every episode."""
     defaults = REPO / "config" / "config.yaml"
     frames = []
-    for run_id, envs in zip(throughput_runs, (1, 3), strict=True):
-        overlay = throughput_overlay(tmp_path / f"{run_id}.yaml", run_id, envs)
+    for run_id, envs, reset_mode in zip(throughput_runs, (1, 3), ("hard", "fast"), strict=True):
+        overlay = throughput_overlay(tmp_path / f"{run_id}.yaml", run_id, envs, reset_mode)
         run = run_workflow(defaults, str(overlay), cores=4)
         assert run.returncode == 0, run.stderr[-3000:]
         frames.append(
@@ -261,7 +265,7 @@ def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuse
     assert len(frames[0]) == 6 and frames[0]["success_once"].any()
     assert frames[0]["episode_seed"].nunique() == 6
 
-    # Run 1 again with 3 envs per shard: every finished episode is reused, none rerun.
+    # Run 1 again with 3 envs per shard and fast resets: every finished episode is reused.
     again = throughput_overlay(tmp_path / "again.yaml", throughput_runs[0], 3)
     rerun = run_workflow(defaults, str(again), cores=4)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
