@@ -13,7 +13,8 @@ physics-only env first, so that episodes succeed and the success steps can be co
   ours      `LiberoEpisodeEnv` (what each env worker process of a rollout shard runs), fed
             chunks of 16 actions; it renders the cameras only when an observation is due
             (`rollout.render_mode: on_demand`), and once more with `every_step`; it resets
-            with `rollout.reset_mode: fast`, and `ours-hard-reset` with LIBERO's hard reset.
+            with `rollout.reset_mode: fast`, and `ours-hard-reset` with LIBERO's hard reset
+            (`ours-every-step-hard-reset`: both, as every peer renders and resets).
   vla-eval  `LIBEROBenchmark` driven by `SyncEpisodeRunner.run_episode` with an in-process
             connection that returns the next action (its websocket server is left out);
             send_wrist_image=True, max_steps=N.
@@ -352,6 +353,8 @@ def worker(tool: str, spec_path: Path, out_path: Path) -> None:
         episodes = run_ours(spec, actions, "every_step")
     elif tool == "ours-hard-reset":
         episodes = run_ours(spec, actions, "on_demand", reset_mode="hard")
+    elif tool == "ours-every-step-hard-reset":  # what every peer does: both, at every step
+        episodes = run_ours(spec, actions, "every_step", reset_mode="hard")
     elif tool == "vla-eval":
         episodes = run_vla_eval(spec, actions)
     elif tool == "lerobot":
@@ -453,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         "ours": args.python,
         "ours-every-step": args.python,
         "ours-hard-reset": args.python,
+        "ours-every-step-hard-reset": args.python,
         "vla-eval": args.vla_eval_python,
         "lerobot": args.lerobot_python,
     }
