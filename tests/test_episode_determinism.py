@@ -191,3 +191,21 @@ def test_fast_reset_gives_what_a_hard_reset_gives(suite, task_id):
         episodes, records["fast"], records["hard"], strict=True
     ):
         _assert_same_episode(got, expected, f"{suite} task {task_id} init {spec.init_state_id}")
+
+
+def test_an_articulated_task_run_second_on_one_env_has_its_first_run_scene():
+    """LIBERO appends a sampler for every articulated :init state at each reset and never
+    clears the list (libero_10 task 9: the microwave), so without care an episode's fixtures
+    moved with the number of episodes its env ran before."""
+    protocol = get_protocol("openpi", max_steps_override=16)
+    episode = EpisodeSpec("libero_10", 9, 1)
+    fresh = LiberoEpisodeEnv(EnvSettings(), protocol)
+    used = LiberoEpisodeEnv(EnvSettings(), protocol)
+    try:
+        first = first_query(fresh, episode)
+        used.start_episode(EpisodeSpec("libero_10", 9, 0))
+        used.step_chunk(np.tile([0.3, 0.0, 0.2, 0.0, 0.0, 0.0, 1.0], (5, 1)))
+        assert_same_scene(first, first_query(used, episode))
+    finally:
+        fresh.close()
+        used.close()

@@ -169,6 +169,7 @@ class LiberoEpisodeEnv:
         self._env = None
         self._fast_reset = None  # libero_eval.rollout.fast_reset.FastReset with reset_mode fast
         self._task: tuple[str, int] | None = None
+        self._created_initializers = 0  # LIBERO's samplers after the env's creation
         self._switch = _RenderSwitch()
         self.task_language = ""
         self._init_states: np.ndarray | None = None
@@ -225,6 +226,10 @@ class LiberoEpisodeEnv:
             self._fast_reset = FastReset(
                 self._env.env, lazy_camera=lazy, compiled=compiles[-1] if compiles else None
             )
+        # LIBERO appends one open/close (on/off) sampler per articulated :init state at every
+        # _load_model and never clears the list; _reset_internal draws once per entry before
+        # placing the fixtures. Its length after creation is what a fresh env resets from.
+        self._created_initializers = len(self._env.env.object_property_initializers)
         self._task = (suite, task_id)
 
     def _install_lazy_cameras(self) -> None:
@@ -325,6 +330,7 @@ class LiberoEpisodeEnv:
             spec.init_state_id,
         )
         if self.settings.reset_seeding == "episode" or self.protocol.seed_per_trial:
+            self._forget_earlier_resets()
             np.random.seed(seed)
             self._env.reset()
             return
@@ -333,6 +339,7 @@ class LiberoEpisodeEnv:
         key = (spec.suite, spec.task_id)
         done, state = self._reference_streams.get(key, (0, None))
         if state is None or done > spec.init_state_id:
+            self._forget_earlier_resets()
             np.random.seed(seed)
             done = 0
         else:
@@ -342,6 +349,16 @@ class LiberoEpisodeEnv:
             done += 1
         self._env.reset()
         self._reference_streams[key] = (done + 1, np.random.get_state(legacy=False))
+
+    def _forget_earlier_resets(self) -> None:
+        """Drop the samplers LIBERO's earlier resets of this env appended, so the next reset
+        draws from numpy's stream as a fresh env's first reset does (libero_10 task 9 and 27
+        other tasks with articulated objects; ``bddl_base_domain.py`` ``_add_placement_
+        initializer`` appends, ``_reset_internal`` samples each entry)."""
+        problem = getattr(self._env, "env", None)  # LIBERO's BDDL problem inside ControlEnv
+        initializers = getattr(problem, "object_property_initializers", None)
+        if initializers is not None:
+            del initializers[self._created_initializers :]
 
     def _maybe_keep_frame(self, obs: dict, force: bool = False) -> None:
         if self.settings.video_stride > 0 and (force or self._video_frame_due(self._policy_steps)):
