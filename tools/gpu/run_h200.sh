@@ -19,12 +19,13 @@ BUNDLE=${BUNDLE:-.tmp/gpu}
 DEADLINE=${DEADLINE_S:-570}
 T0=$(date +%s)
 L=/tmp/lg
-mkdir -p "$OUT/runs"
+R=/tmp/gpu_work/runs   # everything measured; $OUT gets run.log and runs.tar.xz (few files travel)
+mkdir -p "$OUT" $R
 exec > >(tee -a "$OUT/run.log") 2>&1
 el() { echo $(($(date +%s) - T0)); }
 left() { echo $((DEADLINE - $(el))); }
 say() { echo "[$(el)s] $*"; }
-pack() { tar -C "$OUT" -cJf "$OUT/runs.tar.xz.part" runs && mv "$OUT/runs.tar.xz.part" "$OUT/runs.tar.xz"; }
+pack() { tar -C "$(dirname $R)" -cJf "$OUT/runs.tar.xz.part" runs && mv "$OUT/runs.tar.xz.part" "$OUT/runs.tar.xz"; }
 
 export PYTHONUNBUFFERED=1 HF_HOME=$L/hf HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
@@ -77,7 +78,7 @@ ckpt() {  # family
     [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint pi05 --lineage openpi --size true \
       --out $dir --norm-stats config/stats/pi05_libero_norm_stats.json --hf-home "$HF_HOME" 2>&1 | grep -E "^pi05|BUILT|Error|error" | cut -c1-600
   fi
-  cp $dir/random_checkpoint.json "$OUT/runs/ckpt_$1.json" 2>/dev/null
+  cp $dir/random_checkpoint.json "$R/ckpt_$1.json" 2>/dev/null
   echo $dir
 }
 
@@ -86,7 +87,12 @@ config_of() { [ "$1" = cosmos3 ] && echo config/libero_spatial_cosmos3_sglang.ya
 workflow() {  # family envs
   local family=$1 envs=$2 run="h200_$1_e$2" dir
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
-  local groups=$(( envs / ${GROUP:-8} )); [ $groups -lt 1 ] && groups=1
+  # request groups: Cosmos3 one batch of GROUP envs per request (at least 2 groups, so one
+  # steps while the other is served); π0.5 (GROUP=1) one request per env
+  local group=8 bms=8 max_steps=64
+  if [ "$family" = pi05 ]; then group=1; bms=$(( envs < 32 ? envs : 32 )); max_steps=60; fi
+  group=${GROUP:-$group}; bms=${BMS:-$bms}; max_steps=${MAX_STEPS:-$max_steps}
+  local groups=$(( envs / group )); [ $groups -lt 2 ] && groups=2
   local trials=$(( (2 * envs + 9) / 10 ))
   # short episodes (max_steps) measure the steady state quickly; episodes/hour for the
   # protocol's full length are derived from steps/s in docs/performance.md
@@ -100,30 +106,30 @@ server:
     command: [$L/bin/sglang]
     model_path: $dir
     attention_backend: torch_sdpa
-    batching_max_size: ${BMS:-8}
+    batching_max_size: $bms
 rollout:
   total_num_envs: $envs
   shards_per_slot: 1
   max_inflight_requests: $groups
-  max_steps: ${MAX_STEPS:-96}
+  max_steps: $max_steps
   render_device: slot_gpu
 EOF
-  say "[$run] snakemake: $envs envs, $groups request groups, $trials trials per task, bms ${BMS:-8}"
-  python3 tools/gpu/gpu_monitor.py "$OUT/runs/gpu_$run.jsonl" --period-s 1 &
+  say "[$run] snakemake: $envs envs, $groups request groups, $trials trials per task, bms $bms, max_steps $max_steps"
+  python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 &
   local mon=$!
   local ts=$(date +%s.%N)
   timeout $(( $(left) - 20 )) python3 -m snakemake --cores 40 --scheduler greedy --rerun-incomplete \
-    --configfile "$(config_of $family)" /tmp/overlay_$run.yaml > "$OUT/runs/snakemake_$run.log" 2>&1
+    --configfile "$(config_of $family)" /tmp/overlay_$run.yaml > "$R/snakemake_$run.log" 2>&1
   local rc=$?
   local wall=$(python3 -c "import time; print(round(time.time() - $ts, 1))")
   sleep 2
   kill $mon 2>/dev/null; wait $mon 2>/dev/null
-  say "[$run] snakemake rc=$rc in ${wall}s; sglang processes left: $(pgrep -fc 'sglang' || true); GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
-  python3 tools/gpu/gpu_monitor.py "$OUT/runs/gpu_$run.jsonl" --summary
-  mkdir -p "$OUT/runs/$run"
-  cp -r results/$run/summary results/$run/shards logs/$run "$OUT/runs/$run/" 2>/dev/null
+  say "[$run] snakemake rc=$rc in ${wall}s; sglang processes left: $(pgrep -fc 'sglang' || true); GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader); host used $(free -g | awk '/Mem/{print $3}') GiB"
+  python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --summary
+  mkdir -p "$R/$run"
+  cp -r results/$run/summary results/$run/shards logs/$run "$R/$run/" 2>/dev/null
   grep -hE "server (launch|ready|stopped)|summary" logs/$run/*.log 2>/dev/null | cut -c1-300
-  tail -5 "$OUT/runs/snakemake_$run.log"
+  tail -5 "$R/snakemake_$run.log"
   pack
 }
 
@@ -134,7 +140,7 @@ bench() {  # family
   timeout $(( $(left) - 10 )) python3 benchmarks/sglang_server.py --config "$(config_of $family)" \
     --model-path $dir --command $L/bin/sglang --attention-backend torch_sdpa \
     --batching-max-size ${BENCH_BMS:-32} --batches ${BATCHES:-1,8,16,32} --reps ${REPS:-2} \
-    --log "$OUT/runs/bench_${family}_serve.log" --json "$OUT/runs/bench_$family.json" 2>&1 | grep -v "Warning\|warn(" | tail -20
+    --log "$R/bench_${family}_serve.log" --json "$R/bench_$family.json" 2>&1 | grep -v "Warning\|warn(" | tail -20
   say "[bench $family] done; GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
   pack
 }
@@ -151,7 +157,7 @@ for phase in "$@"; do
   esac
   if [ "$(left)" -lt "$need" ]; then say "SKIP $phase: $(left) s left, needs about $need"; continue; fi
   case $phase in
-    ckpt-*) t=$(date +%s); ckpt "${phase#ckpt-}"; say "$phase: $(cat "$OUT/runs/ckpt_${phase#ckpt-}.json" 2>/dev/null | tr -d '\n' | cut -c1-500) ($(( $(date +%s) - t )) s)" ;;
+    ckpt-*) t=$(date +%s); ckpt "${phase#ckpt-}"; say "$phase: $(cat "$R/ckpt_${phase#ckpt-}.json" 2>/dev/null | tr -d '\n' | cut -c1-500) ($(( $(date +%s) - t )) s)" ;;
     wf-*) f=${phase#wf-}; workflow "${f%%:*}" "${f##*:}" ;;
     bench-*) bench "${phase#bench-}" ;;
   esac
