@@ -21,7 +21,7 @@ import psutil
 
 
 def _kind(pid: int) -> str:
-    """"server" for the SGLang server and its workers (a process whose command line, or an
+    """ "server" for the SGLang server and its workers (a process whose command line, or an
     ancestor's, names sglang), "renderer" for any other process holding the GPU."""
     try:
         process = psutil.Process(pid)
