@@ -56,12 +56,19 @@ def make_run(tmp_path: Path) -> Path:
         "[12-01 10:00:00] Batch admission enabled: user_max=8, device_memory=140.4GiB, rules=0",
     ]
     (serve / "slot0.log").write_text("\n".join(lines) + "\n")
+    samples = ((0, 615, 0, 0), (41, 40000, 39000, 80), (45, 45000, 44000, 90), (90, 615, 0, 0))
     gpu = [
-        {"t": T0 + t, "used_mib": used, "server_mib": server, "renderer_mib": 0,
-         "renderer_procs": 0, "server_procs": 1, "util": util}
-        for t, used, server, util in ((0, 615, 0, 0), (41, 40000, 39000, 80), (45, 45000, 44000, 90),
-                                      (90, 615, 0, 0))
-    ]  # fmt: skip
+        {
+            "t": T0 + t,
+            "used_mib": used,
+            "server_mib": server,
+            "renderer_mib": 0,
+            "renderer_procs": 0,
+            "server_procs": 1,
+            "util": util,
+        }
+        for t, used, server, util in samples
+    ]
     (run.parent / f"gpu_{run.name}.jsonl").write_text("".join(json.dumps(g) + "\n" for g in gpu))
     return run
 
