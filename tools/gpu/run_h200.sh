@@ -119,7 +119,7 @@ EOF
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 &
   local mon=$!
   local ts=$(date +%s.%N)
-  timeout $(( $(left) - 20 )) python3 -m snakemake --cores 40 --scheduler greedy --rerun-incomplete \
+  timeout -k 10 $(( $(left) - 45 )) python3 -m snakemake --cores 40 --scheduler greedy --rerun-incomplete \
     --configfile "$(config_of $family)" /tmp/overlay_$run.yaml > "$R/snakemake_$run.log" 2>&1
   local rc=$?
   local wall=$(python3 -c "import time; print(round(time.time() - $ts, 1))")
@@ -150,8 +150,8 @@ setup
 for phase in "$@"; do
   case $phase in
     ckpt-*) need=90 ;;
-    wf-cosmos3:*) need=200 ;;
-    wf-pi05:*) need=120 ;;
+    wf-cosmos3:*) need=260 ;;
+    wf-pi05:*) need=200 ;;
     bench-cosmos3) need=170 ;;
     bench-pi05) need=110 ;;
     *) say "unknown phase $phase"; continue ;;
