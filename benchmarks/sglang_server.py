@@ -1,0 +1,274 @@
+"""Real `sglang serve` through the project's launcher: load, latency against batch size,
+GPU memory and teardown.
+
+    python benchmarks/sglang_server.py --config config/libero_spatial_cosmos3_sglang.yaml \\
+        --model-path CKPT --batching-max-size 32 --batches 1,8,16,32 --reps 3 \\
+        --attention-backend torch_sdpa --json OUT.json --log OUT.serve.log
+
+The server starts as the workflow's `serve` job starts it (`ManagedServer`, the config's
+`server` section with the overrides given here). Requests are built by the project's adapter
+for the config's `policy.family` from random 256x256 camera frames and sent by its client:
+Cosmos3 takes B observations in one request (one prompt); π0.5 takes one observation per
+request, so batch B is B requests in flight at once, which SGLang merges up to
+`--batching-max-size`. Each batch size is sent once untimed (CUDA graphs, allocator), then
+`--reps` times timed. GPU memory comes from NVML (`pynvml`, where installed): the whole GPU,
+and the server's own processes. Teardown is `ManagedServer.stop()`; afterwards the script
+counts the server's processes still alive and reads the GPU memory again.
+Prints a Markdown table; `--json` keeps every figure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as futures
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import yaml
+
+from libero_eval.policy.adapters import Observation, make_adapter
+from libero_eval.policy.client import PolicyClient
+from libero_eval.serve.launcher import ManagedServer
+from libero_eval.serve.settings import ServerSettings
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TASK = "pick up the black bowl between the plate and the ramekin and place it on the plate"
+
+
+class GpuMemory:
+    """Polls NVML every `period_s`: used MiB of GPU `index` and of the given processes."""
+
+    def __init__(self, index: int = 0, period_s: float = 0.5):
+        self.period_s = period_s
+        self.samples: list[tuple[float, float, float]] = []  # (t, used MiB, util %)
+        self.pids: set[int] = set()
+        self.process_peak_mib = 0.0
+        self._stop = threading.Event()
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+            self._handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:  # no NVML (CPU machine): memory figures stay empty
+            self._nvml = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def used_mib(self) -> float | None:
+        if self._nvml is None:
+            return None
+        return self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used / 2**20
+
+    def process_mib(self) -> float:
+        """GPU memory held by the processes in `pids` (compute and graphics contexts)."""
+        if self._nvml is None:
+            return 0.0
+        total = 0.0
+        for query in (
+            self._nvml.nvmlDeviceGetComputeRunningProcesses,
+            self._nvml.nvmlDeviceGetGraphicsRunningProcesses,
+        ):
+            for proc in query(self._handle):
+                if proc.pid in self.pids and proc.usedGpuMemory:
+                    total += proc.usedGpuMemory / 2**20
+        return total
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period_s):
+            used = self.used_mib()
+            util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
+            self.samples.append((time.monotonic(), used or 0.0, float(util)))
+            self.process_peak_mib = max(self.process_peak_mib, self.process_mib())
+
+    def __enter__(self) -> GpuMemory:
+        if self._nvml is not None:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+    @property
+    def peak_mib(self) -> float | None:
+        return max((s[1] for s in self.samples), default=None)
+
+
+def observation(rng: np.random.Generator) -> Observation:
+    return Observation(
+        agentview=rng.integers(0, 256, (256, 256, 3), dtype=np.uint8),
+        wrist=rng.integers(0, 256, (256, 256, 3), dtype=np.uint8),
+        task_language=TASK,
+        proprio={
+            "robot0_eef_pos": np.array([-0.05, 0.02, 1.1]),
+            "robot0_eef_quat": np.array([0.999, 0.02, -0.03, 0.01]),
+            "robot0_gripper_qpos": np.array([0.03, -0.03]),
+        },
+    )
+
+
+def server_settings(config: dict[str, Any], args: argparse.Namespace) -> ServerSettings:
+    server = dict(config["server"])
+    sglang = dict(server["sglang"])
+    sglang["model_path"] = args.model_path
+    sglang["batching_max_size"] = args.batching_max_size
+    if args.command:
+        sglang["command"] = args.command
+    if args.attention_backend:
+        sglang["attention_backend"] = args.attention_backend
+    keep = ("host", "port", "health_timeout_s", "teardown_grace_s", "extra_env")
+    data = {key: server[key] for key in keep if key in server}
+    return ServerSettings.from_dict({"backend": "sglang", "slot": 0, **data, "sglang": sglang})
+
+
+def time_batch(family: str, adapter: Any, url: str, batch: int, rng: np.random.Generator) -> float:
+    """Wall seconds for `batch` observations: one request (Cosmos3), or `batch` requests in
+    flight at once (π0.5). Checks that every answer parses to LIBERO actions."""
+    if family == "cosmos3":
+        client = PolicyClient(url, timeout_s=600, max_retries=0, transport="msgpack")
+        payload = adapter.build_request([observation(rng) for _ in range(batch)], "bench")
+        started = time.perf_counter()
+        actions = adapter.parse_response(client.generate(payload), batch)
+        seconds = time.perf_counter() - started
+        assert actions.shape[0] == batch and np.isfinite(actions).all(), actions.shape
+        return seconds
+    payloads = [adapter.build_request([observation(rng)], f"bench{i}") for i in range(batch)]
+    clients = [
+        PolicyClient(url, timeout_s=600, max_retries=0, transport="msgpack") for _ in payloads
+    ]
+
+    def one(i: int) -> np.ndarray:
+        return adapter.parse_response(clients[i].generate(payloads[i]), 1)
+
+    started = time.perf_counter()
+    with futures.ThreadPoolExecutor(batch) as pool:
+        answers = list(pool.map(one, range(batch)))
+    seconds = time.perf_counter() - started
+    assert all(a.shape[0] == 1 and np.isfinite(a).all() for a in answers)
+    return seconds
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    config = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
+    family = config["policy"].get("family", "cosmos3")
+    policy = dict(config["policy"])
+    if family == "cosmos3":
+        policy["action_stats_path"] = str(REPO_ROOT / policy["action_stats_path"])
+    else:
+        stats = str(REPO_ROOT / policy["pi05"]["norm_stats_path"])
+        policy["pi05"] = dict(policy["pi05"], norm_stats_path=stats)
+    adapter = make_adapter(family, policy)
+    settings = server_settings(config, args)
+    result: dict[str, Any] = {"family": family, "batching_max_size": args.batching_max_size}
+    rng = np.random.default_rng(0)
+    log = open(args.log, "w", encoding="utf-8") if args.log else sys.stdout  # noqa: SIM115
+    with GpuMemory() as gpu, ManagedServer(settings) as server:
+        result["gpu_before_mib"] = gpu.used_mib()
+        server.start(log, args.log)
+        result["command"] = server.command
+        result["load_s"] = round(server.wait_healthy(), 1)
+        gpu.pids = {server.pid, *(p.pid for p in server.track_descendants())}
+        result["gpu_after_load_mib"] = gpu.used_mib()
+        result["server_process_mib_after_load"] = round(gpu.process_mib())
+        client = PolicyClient(server.url, timeout_s=60, max_retries=0, transport="msgpack")
+        result["metadata"] = client.metadata()
+        max_batch = int(result["metadata"].get("capabilities", {}).get("max_batch_size", 1))
+        rows = []
+        for batch in args.batches:
+            if family == "cosmos3" and batch > max_batch:
+                rows.append({"batch": batch, "skipped": f"server max_batch_size {max_batch}"})
+                continue
+            first = time_batch(family, adapter, server.url, batch, rng)
+            times = [time_batch(family, adapter, server.url, batch, rng) for _ in range(args.reps)]
+            rows.append(
+                {
+                    "batch": batch,
+                    "first_s": round(first, 3),
+                    "seconds": [round(t, 3) for t in times],
+                    "median_s": round(float(np.median(times)), 3),
+                    "obs_per_s": round(batch / float(np.median(times)), 2),
+                }
+            )
+            print("BATCH " + json.dumps(rows[-1]), flush=True)
+        result["batches"] = rows
+        result["gpu_peak_mib"] = gpu.peak_mib
+        result["server_process_peak_mib"] = round(gpu.process_peak_mib)
+        members = [server.pid, *(p.pid for p in server.track_descendants())]
+        result["server_processes"] = len(members)
+        started = time.monotonic()
+        result["exit_code"] = server.stop()
+        result["teardown_s"] = round(time.monotonic() - started, 2)
+        result["processes_left"] = sum(psutil.pid_exists(pid) and _alive(pid) for pid in members)
+        time.sleep(2.0)
+        result["gpu_after_teardown_mib"] = gpu.used_mib()
+    if log is not sys.stdout:
+        log.close()
+    return result
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _mib(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = [
+        f"{result['family']}: /health after {result['load_s']} s; GPU "
+        f"{_mib(result['gpu_after_load_mib'])} MiB after load, peak "
+        f"{_mib(result['gpu_peak_mib'])}; teardown {result['teardown_s']} s, "
+        f"{result['processes_left']} of {result['server_processes']} processes left, GPU "
+        f"{_mib(result['gpu_after_teardown_mib'])} MiB after",
+        "",
+        "| batch | first call s | s per call (median) | observations/s |",
+        "|---|---|---|---|",
+    ]
+    for row in result["batches"]:
+        if "skipped" in row:
+            lines.append(f"| {row['batch']} | {row['skipped']} | | |")
+        else:
+            lines.append(
+                f"| {row['batch']} | {row['first_s']} | {row['median_s']} | {row['obs_per_s']} |"
+            )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", required=True, help="a run config with server.sglang")
+    parser.add_argument("--model-path", required=True)
+    parser.add_argument("--command", nargs="+", help="the sglang executable (default: config's)")
+    parser.add_argument("--attention-backend", default=None)
+    parser.add_argument("--batching-max-size", type=int, default=32)
+    parser.add_argument(
+        "--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16, 32]
+    )
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--log", help="the server's log file (default: this stdout)")
+    parser.add_argument("--json", type=Path)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    result = run(args)
+    print(markdown(result))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

