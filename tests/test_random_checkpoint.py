@@ -118,11 +118,13 @@ def test_tiny_pi05_loads_in_sglangs_own_loader(side_results, lineage):
         # SGLang took LeRobot's LIBERO cameras, state width and action width from config.json
         assert loaded["image_keys"] == ["image", "image2"]
         assert (loaded["state_dim"], loaded["output_action_dim"]) == (8, 7)
+        assert loaded["action_horizon"] == 50
     else:
-        # openpi's converted config.json names none of the fields SGLang reads but the variants
+        # openpi's converted config.json: SGLang's default cameras and state width, and the
+        # horizon from the chunk_size the project's layout adds (openpi's converter does not)
         assert loaded["image_keys"] == ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]
         assert loaded["state_dim"] == 32
-    assert loaded["action_horizon"] == 50
+        assert loaded["action_horizon"] == 10
 
 
 def test_pi05_tokenizer_stand_in_gives_realistic_prompt_lengths(side_results):
@@ -160,7 +162,7 @@ def test_lerobot_lineage_normalizer_is_read_by_the_project(tmp_path):
 def test_openpi_lineage_is_pi05_libero_as_converted(tmp_path):
     specs.write_pi05_configs(tmp_path, "openpi", norm_stats=STATS)
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["action_horizon"] == 10 and config["discrete_state_input"] is False
+    assert config["action_horizon"] == config["chunk_size"] == 10
     assert config["paligemma_variant"] == "gemma_2b"
     norm = tmp_path / "assets/physical-intelligence/libero/norm_stats.json"
     assert T.load_norm_stats(norm).state.dim == 8

@@ -2,9 +2,8 @@
 
 Everything here is what a checkpoint directory says about itself: Cosmos3's diffusers
 ``model_index.json`` and component configs, and π0.5's ``config.json`` in the two lineages
-SGLang 0.5.23 serves (LeRobot, and openpi converted to PyTorch), with LeRobot's
-``policy_preprocessor.json``. Tests import :func:`pi05_config` and :func:`write_pi05_configs`
-to build checkpoint directories without weights.
+SGLang 0.5.23 serves (LeRobot, and openpi converted to PyTorch), taken from the project's
+layout specimens (``libero_eval.policy.pi05_layouts``) with the size's model variants.
 """
 
 from __future__ import annotations
@@ -155,163 +154,61 @@ PI05_TINY_VARIANTS: dict[str, dict[str, int]] = {
 PI05_TINY_VOCAB = 1024  # ids of the stand-in tokenizer stay far below this
 PI05_TINY_VISION_LAYERS = 1
 
-LIBERO_STATE_DIM = 8  # eef_pos(3) + axis-angle(3) + gripper_qpos(2)
-LIBERO_ACTION_DIM = 7
-
 
 def _variants(size: str) -> tuple[str, str]:
     return ("gemma_2b", "gemma_300m") if size == "true" else tuple(PI05_TINY_VARIANTS)
 
 
+def _layouts():
+    """The project's π0.5 layout specimens (``libero_eval.policy.pi05_layouts``: pure Python
+    and numpy), imported from the repository's ``src/`` when the package is not installed
+    (the SGLang side environment)."""
+    try:
+        from libero_eval.policy import pi05_layouts
+    except ImportError:
+        import sys
+
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
+        from libero_eval.policy import pi05_layouts
+    return pi05_layouts
+
+
 def pi05_config(lineage: str, size: str = "true") -> dict[str, Any]:
-    """π0.5 ``config.json`` as each lineage writes it for LIBERO.
+    """π0.5 ``config.json`` as each lineage writes it for LIBERO (the project's specimens,
+    ``docs/pi05.md``), with the model variants of ``size``.
 
     - ``lerobot``: LeRobot's ``PI05Config`` (``type: pi05``), LIBERO features
       ``observation.images.image`` (agentview), ``observation.images.image2`` (wrist),
-      ``observation.state`` [8], action [7]; chunk 50. SGLang's ``_apply_checkpoint_config``
-      reads ``chunk_size``, ``n_action_steps``, ``max_*_dim``, the variants, the features
-      (camera keys and state width) and ``tokenizer_max_length``.
+      ``observation.state`` [8], action [7]; chunk 50.
     - ``openpi``: what openpi's ``examples/convert_jax_model_to_pytorch.py`` writes for
       ``pi05_libero`` (``action_dim``, ``action_horizon`` 10, the variants, ``precision``),
-      plus ``discrete_state_input: false`` as later converters record it. SGLang reads only
-      the two variant names from it: horizon 50, state 32 and the default camera keys
-      (``base_0_rgb``, ``left_wrist_0_rgb``, ``right_wrist_0_rgb``) stay in force.
+      plus ``chunk_size`` 10, which SGLang reads for the horizon and the converter does not
+      write.
     """
     _check_size(size)
-    vlm, expert = _variants(size)
-    if lineage == "openpi":
-        return {
-            "action_dim": 32,
-            "action_horizon": 10,
-            "paligemma_variant": vlm,
-            "action_expert_variant": expert,
-            "precision": "bfloat16",
-            "discrete_state_input": False,
-        }
-    if lineage != "lerobot":
+    if lineage not in PI05_LINEAGES:
         raise ValueError(f"unknown π0.5 lineage {lineage!r}; known: {PI05_LINEAGES}")
-    visual = {"type": "VISUAL", "shape": [3, 256, 256]}
-    return {
-        "type": "pi05",
-        "n_obs_steps": 1,
-        "input_features": {
-            "observation.images.image": dict(visual),
-            "observation.images.image2": dict(visual),
-            "observation.state": {"type": "STATE", "shape": [LIBERO_STATE_DIM]},
-        },
-        "output_features": {"action": {"type": "ACTION", "shape": [LIBERO_ACTION_DIM]}},
-        "device": "cuda",
-        "use_amp": False,
-        "push_to_hub": False,
-        "paligemma_variant": vlm,
-        "action_expert_variant": expert,
-        "dtype": "bfloat16",
-        "chunk_size": 50,
-        "n_action_steps": 50,
-        "max_state_dim": 32,
-        "max_action_dim": 32,
-        "num_inference_steps": 10,
-        "time_sampling_beta_alpha": 1.5,
-        "time_sampling_beta_beta": 1.0,
-        "time_sampling_scale": 0.999,
-        "time_sampling_offset": 0.001,
-        "min_period": 0.004,
-        "max_period": 4.0,
-        "image_resolution": [224, 224],
-        "empty_cameras": 0,
-        "tokenizer_max_length": 200,
-        "normalization_mapping": {
-            "VISUAL": "IDENTITY",
-            "STATE": "QUANTILES",
-            "ACTION": "QUANTILES",
-        },
-        "gradient_checkpointing": False,
-        "compile_model": False,
-    }
-
-
-NORMALIZER_STATE_FILE = "policy_preprocessor_step_2_normalizer_processor.safetensors"
-
-
-def lerobot_preprocessor() -> dict[str, Any]:
-    """LeRobot's ``policy_preprocessor.json`` for π0.5 (make_pi05_pre_post_processors): rename,
-    batch, normalize (quantiles; its statistics in :data:`NORMALIZER_STATE_FILE`), state
-    tokenization, PaliGemma tokenizer (200 tokens), device."""
-    features = pi05_config("lerobot")["input_features"]
-    return {
-        "name": "policy_preprocessor",
-        "steps": [
-            {"registry_name": "rename_observations_processor", "config": {"rename_map": {}}},
-            {"registry_name": "to_batch_processor", "config": {}},
-            {
-                "registry_name": "normalizer_processor",
-                "config": {
-                    "eps": 1e-08,
-                    "features": {
-                        **features,
-                        "action": {"type": "ACTION", "shape": [LIBERO_ACTION_DIM]},
-                    },
-                    "norm_map": {"VISUAL": "IDENTITY", "STATE": "QUANTILES", "ACTION": "QUANTILES"},
-                },
-                "state_file": NORMALIZER_STATE_FILE,
-            },
-            {"registry_name": "pi05_prepare_state_tokenizer_processor_step", "config": {}},
-            {
-                "registry_name": "tokenizer_processor",
-                "config": {
-                    "max_length": 200,
-                    "task_key": "task",
-                    "padding_side": "right",
-                    "padding": "max_length",
-                    "truncation": True,
-                    "tokenizer_name": PALIGEMMA_REPO,
-                },
-            },
-            {"registry_name": "device_processor", "config": {"device": "cpu", "float_dtype": None}},
-        ],
-    }
-
-
-def lerobot_normalizer_stats(openpi_stats: dict[str, Any]) -> dict[str, list[float]]:
-    """openpi's ``norm_stats.json`` as LeRobot's flat normalizer keys
-    (``observation.state.q01``, ``action.q99``, ...)."""
-    stats = openpi_stats.get("norm_stats", openpi_stats)
-    return {
-        f"{feature}.{stat}": [float(x) for x in values]
-        for feature, block in (("observation.state", stats["state"]), ("action", stats["actions"]))
-        for stat, values in block.items()
-    }
+    layouts = _layouts()
+    config = layouts.openpi_config() if lineage == "openpi" else layouts.lerobot_config()
+    config["paligemma_variant"], config["action_expert_variant"] = _variants(size)
+    return config
 
 
 def write_pi05_configs(
     directory: Path, lineage: str, size: str = "true", norm_stats: Path | None = None
 ) -> list[Path]:
-    """Write a π0.5 checkpoint's configuration (no weights) into ``directory``.
-
-    LeRobot: ``config.json`` and ``policy_preprocessor.json`` (+ its normalizer safetensors
-    when ``norm_stats``, an openpi ``norm_stats.json``, is given). openpi: ``config.json`` and
-    ``assets/physical-intelligence/libero/norm_stats.json`` (when given). Returns the paths.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    written = [_write_json(directory / "config.json", pi05_config(lineage, size))]
-    stats = json.loads(norm_stats.read_text(encoding="utf-8")) if norm_stats else None
-    if lineage == "lerobot":
-        written.append(_write_json(directory / "policy_preprocessor.json", lerobot_preprocessor()))
-        if stats is not None:
-            import numpy as np
-            from safetensors.numpy import save_file
-
-            flat = {
-                key: np.asarray(values, dtype=np.float32)
-                for key, values in lerobot_normalizer_stats(stats).items()
-            }
-            save_file(flat, str(directory / NORMALIZER_STATE_FILE))
-            written.append(directory / NORMALIZER_STATE_FILE)
-    elif stats is not None:
-        target = directory / "assets" / "physical-intelligence" / "libero" / "norm_stats.json"
-        target.parent.mkdir(parents=True, exist_ok=True)
-        written.append(_write_json(target, stats))
-    return written
+    """Write a π0.5 checkpoint's configuration (no weights) into ``directory``: the project's
+    layout specimen of the lineage (``config.json``; LeRobot's ``policy_preprocessor.json``
+    and normalizer safetensors, or openpi's ``assets/physical-intelligence/libero/``), with
+    the statistics of ``norm_stats`` (an openpi ``norm_stats.json``; default the project's
+    test statistics) and the variants of ``size``. Returns the paths written."""
+    layouts = _layouts()
+    write = layouts.write_openpi if lineage == "openpi" else layouts.write_lerobot
+    if lineage not in PI05_LINEAGES:
+        raise ValueError(f"unknown π0.5 lineage {lineage!r}; known: {PI05_LINEAGES}")
+    write(directory, stats=norm_stats) if norm_stats else write(directory)
+    _write_json(directory / "config.json", pi05_config(lineage, size))
+    return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
 def write_cosmos3_configs(directory: Path, size: str) -> list[Path]:

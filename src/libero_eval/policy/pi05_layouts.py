@@ -120,8 +120,11 @@ def openpi_config(action_horizon: int = 10) -> dict:
     }
 
 
-def write_lerobot(directory: Path, normalization: str = "QUANTILES", **config: int) -> Path:
-    """A LeRobot-lineage checkpoint directory (config files and statistics only)."""
+def write_lerobot(
+    directory: Path, normalization: str = "QUANTILES", stats: Path = STATS, **config: int
+) -> Path:
+    """A LeRobot-lineage checkpoint directory (config files and statistics only); ``stats``
+    is an openpi ``norm_stats.json`` whose blocks become the normalizer's state file."""
     from safetensors.numpy import save_file
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -130,7 +133,7 @@ def write_lerobot(directory: Path, normalization: str = "QUANTILES", **config: i
     (directory / "policy_preprocessor.json").write_text(
         json.dumps(lerobot_preprocessor(normalization), indent=2) + "\n"
     )
-    raw = json.loads(STATS.read_text())["norm_stats"]
+    raw = json.loads(Path(stats).read_text())["norm_stats"]
     flat = {
         f"{feature}.{stat}": np.asarray(values, dtype=np.float32)
         for feature, block in (("observation.state", raw["state"]), ("action", raw["actions"]))
@@ -140,12 +143,12 @@ def write_lerobot(directory: Path, normalization: str = "QUANTILES", **config: i
     return directory
 
 
-def write_openpi(directory: Path, **config: int) -> Path:
+def write_openpi(directory: Path, stats: Path = STATS, **config: int) -> Path:
     """An openpi-lineage (converted) checkpoint directory (config and assets only)."""
     assets = directory / "assets" / "physical-intelligence" / "libero"
     assets.mkdir(parents=True, exist_ok=True)
     (directory / "config.json").write_text(json.dumps(openpi_config(**config), indent=2) + "\n")
-    shutil.copyfile(STATS, assets / "norm_stats.json")
+    shutil.copyfile(stats, assets / "norm_stats.json")
     return directory
 
 
