@@ -81,6 +81,24 @@ def test_lerobot_lineage_gets_its_cameras_state_and_sglangs_own_prompt(sglang_si
     assert parsed["full_prompt"] == lerobot_prompt(state, observation().task_language)
 
 
+def test_lerobot_lineage_images_reach_the_model_as_lerobots_preprocessing_makes_them(
+    sglang_side,
+):
+    """The float images the client sends become, after SGLang's resize, the pixels LeRobot's
+    own pipeline (flip, resize_with_pad_torch, [-1, 1]) feeds SigLIP."""
+    checkpoint = pi05_checkpoint("lerobot")
+    parsed = parse(sglang_side, lineage_adapter(checkpoint), checkpoint)
+    obs = observation()
+    for key, frame in (("image", obs.agentview), ("image2", obs.wrist)):
+        expected = sglang_side.call(
+            "lerobot_model_image", frame=frame.tobytes(), shape=list(frame.shape)
+        )
+        got = np.frombuffer(parsed["images"][key]["values"], np.float32).reshape(3, 224, 224)
+        want = np.frombuffer(expected, np.float32).reshape(3, 224, 224)
+        # exactly: uint8 images would be rounded by SGLang (0.0039 apart in [-1, 1])
+        np.testing.assert_array_equal(got, want, err_msg=key)
+
+
 def test_lerobot_044_lineage_gets_lerobots_padded_prompt_as_tokens(sglang_side):
     checkpoint = pi05_checkpoint("lerobot")
     a = lineage_adapter(checkpoint, lerobot_prompt="padded")

@@ -18,6 +18,7 @@ import json
 import struct
 import sys
 import traceback
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -224,6 +225,17 @@ def hf_tokenize(tokenizer_json: str, text: str, max_length: int) -> dict[str, An
     }
 
 
+def lerobot_model_image(frame: bytes, shape: list[int]) -> bytes:
+    """LeRobot's π0.5 image preprocessing of a raw uint8 frame (``tests/reference_code``)."""
+    import torch
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from reference_code.images import lerobot_model_image as preprocess
+
+    array = np.frombuffer(frame, dtype=np.uint8).reshape(shape)
+    return preprocess(torch.from_numpy(array.copy())).numpy().astype(np.float32).tobytes()
+
+
 def pi05_response(actions: bytes, shape: list[int], route: str, response_format: str, wire: str):
     """The bytes SGLang's handlers send for a π0.5 output of ``actions``."""
     from sglang.multimodal_gen.runtime.entrypoints.action.protocol import (
@@ -335,6 +347,7 @@ OPS = {
         "cosmos3_parse",
         "pi05_parse",
         "hf_tokenize",
+        "lerobot_model_image",
         "pi05_response",
         "pi05_error_frame",
         "pi05_metadata",
