@@ -75,15 +75,18 @@ ckpt() {  # family
     [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint cosmos3 --size true --out $dir 2>&1 | grep -E "^cosmos3|BUILT|Error|error" | cut -c1-600
   else
     dir=$(ckdir 8)/pi05
-    # the openpi lineage: SGLang keeps its default cameras and state 32, as the π0.5 adapter sends
+    # the openpi lineage (config/libero_pi05_openpi_sglang.yaml): openpi's camera slots, state 32,
+    # horizon 10, and the prompt tokenized on the client, with the tokenizer stand-in's
+    # tokenizer.model written into the checkpoint directory
     [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint pi05 --lineage openpi --size true \
       --out $dir --norm-stats config/stats/pi05_libero_norm_stats.json --hf-home "$HF_HOME" 2>&1 | grep -E "^pi05|BUILT|Error|error" | cut -c1-600
+    PYTHONPATH=src:${PYTHONPATH:-} python3 -c "import sys; from pathlib import Path; from libero_eval.policy.pi05_layouts import write_tokenizer_standins as w; w(Path(sys.argv[1]))" $dir
   fi
   cp $dir/random_checkpoint.json "$R/ckpt_$1.json" 2>/dev/null
   echo $dir
 }
 
-config_of() { [ "$1" = cosmos3 ] && echo config/libero_spatial_cosmos3_sglang.yaml || echo config/libero_pi05_sglang.yaml; }
+config_of() { [ "$1" = cosmos3 ] && echo config/libero_spatial_cosmos3_sglang.yaml || echo config/libero_pi05_openpi_sglang.yaml; }
 
 workflow() {  # family envs
   local family=$1 envs=$2 run="h200_$1_e$2" dir
