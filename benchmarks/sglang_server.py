@@ -161,9 +161,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     policy = dict(config["policy"])
     if family == "cosmos3":
         policy["action_stats_path"] = str(REPO_ROOT / policy["action_stats_path"])
-    else:
-        stats = str(REPO_ROOT / policy["pi05"]["norm_stats_path"])
-        policy["pi05"] = dict(policy["pi05"], norm_stats_path=stats)
+    else:  # the served checkpoint decides the request layout (libero_eval.policy.pi05_checkpoint)
+        policy["pi05"] = dict(policy["pi05"], checkpoint=str(args.model_path))
     adapter = make_adapter(family, policy)
     settings = server_settings(config, args)
     result: dict[str, Any] = {"family": family, "batching_max_size": args.batching_max_size}
