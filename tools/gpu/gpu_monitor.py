@@ -20,15 +20,32 @@ from pathlib import Path
 import psutil
 
 
+def is_server_command(line: list[str]) -> bool:
+    """A command line of the SGLang server: `sglang serve ...` (any path to the entry script),
+    `python -m sglang...`, or a worker that SGLang renamed ("sgl_diffusion::scheduler").
+    A command that only names a file with "sglang" in it (Snakemake's
+    `--configfile config/..._sglang.yaml`) is not one."""
+    if not line:
+        return False
+    if line[0].startswith(("sglang", "sgl_diffusion::")):
+        return True
+    for i, arg in enumerate(line[:-1]):
+        if arg.rsplit("/", 1)[-1] == "sglang" and line[i + 1] == "serve":
+            return True
+        if arg == "-m" and line[i + 1].startswith("sglang"):
+            return True
+    return False
+
+
 def _kind(pid: int) -> str:
     """ "server" for the SGLang server and its workers (a process whose command line, or an
-    ancestor's, names sglang), "renderer" for any other process holding the GPU."""
+    ancestor's, is the server's), "renderer" for any other process holding the GPU."""
     try:
         process = psutil.Process(pid)
         lines = [process.cmdline(), *(p.cmdline() for p in process.parents())]
     except psutil.Error:
         return "other"
-    return "server" if any("sglang" in " ".join(line) for line in lines) else "renderer"
+    return "server" if any(is_server_command(line) for line in lines) else "renderer"
 
 
 def record(out: Path, period_s: float) -> None:

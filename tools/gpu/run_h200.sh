@@ -11,6 +11,8 @@
 #   wf-cosmos3:ENVS | wf-pi05:ENVS    snakemake --cores 40 with ENVS envs on one slot (GPU 0)
 #   bench-cosmos3 | bench-pi05        benchmarks/sglang_server.py: load, latency vs batch,
 #                                     memory, teardown through the project's launcher
+#   probe-render:ENVS                 tools/gpu/render_probe.py: ENVS real LIBERO envs render
+#                                     on GPU 0; their GL renderer and GPU memory
 # Setup runs first, once per machine: unpack the bundle into /tmp/lg, check the imports.
 set -u
 REPO=$(pwd)
@@ -149,6 +151,14 @@ bench() {  # family
   pack
 }
 
+probe() {  # envs
+  say "[probe-render $1] tools/gpu/render_probe.py --envs $1"
+  CUDA_VISIBLE_DEVICES=0 MUJOCO_EGL_DEVICE_ID=0 timeout $(( $(left) - 10 )) \
+    python3 tools/gpu/render_probe.py --envs "$1" 2>&1 | grep -v "WARNING\|Warning\|warn(" \
+    | tee "$R/render_probe_e$1.json" | tail -40
+  pack
+}
+
 setup
 for phase in "$@"; do
   case $phase in
@@ -157,6 +167,7 @@ for phase in "$@"; do
     wf-pi05:*) need=200 ;;
     bench-cosmos3) need=170 ;;
     bench-pi05) need=110 ;;
+    probe-render:*) need=60 ;;
     *) say "unknown phase $phase"; continue ;;
   esac
   if [ "$(left)" -lt "$need" ]; then say "SKIP $phase: $(left) s left, needs about $need"; continue; fi
@@ -164,6 +175,7 @@ for phase in "$@"; do
     ckpt-*) t=$(date +%s); ckpt "${phase#ckpt-}"; say "$phase: $(cat "$R/ckpt_${phase#ckpt-}.json" 2>/dev/null | tr -d '\n' | cut -c1-500) ($(( $(date +%s) - t )) s)" ;;
     wf-*) f=${phase#wf-}; workflow "${f%%:*}" "${f##*:}" ;;
     bench-*) bench "${phase#bench-}" ;;
+    probe-render:*) probe "${phase#probe-render:}" ;;
   esac
 done
 pack
