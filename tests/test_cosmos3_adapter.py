@@ -337,14 +337,6 @@ def test_registry_builds_adapters_and_lists_known_families():
         make_adapter("pi0", {})
 
 
-def test_settings_summary_is_json_provenance(adapter):
-    summary = json.loads(json.dumps(adapter.settings_summary()))
-    assert summary["family"] == "cosmos3"
-    assert summary["parameters"]["seed"] == 1140
-    assert summary["action_stats_block"] == "global_raw"
-    assert len(summary["action_stats_sha256"]) == 64
-
-
 # ------------------------------------------------------------------------------ responses
 
 

@@ -20,7 +20,6 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import time
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,7 +66,6 @@ class EpisodeOutcome:
     success_at_end: bool
     first_success_step: int | None
     steps: int
-    env_wall_s: float
     frames: list[np.ndarray] = field(default_factory=list)
 
 
@@ -182,7 +180,6 @@ class LiberoEpisodeEnv:
         self._success_once = False
         self._first_success: int | None = None
         self._last_success = False
-        self._t0 = 0.0
         self._frames: list[np.ndarray] = []
 
     # -- env lifecycle -------------------------------------------------------------------------
@@ -298,7 +295,6 @@ class LiberoEpisodeEnv:
 
     def start_episode(self, spec: EpisodeSpec) -> Observation:
         """Reset to the spec's init state, run the settle steps, return the first query."""
-        self._t0 = time.perf_counter()
         self._load(spec.suite, spec.task_id)
         self._episode = spec
         self._policy_steps = 0
@@ -414,7 +410,6 @@ class LiberoEpisodeEnv:
             success_at_end=self._last_success,
             first_success_step=self._first_success,
             steps=self._counted(self._policy_steps),
-            env_wall_s=time.perf_counter() - self._t0,
             frames=self._frames,
         )
         self._episode = None

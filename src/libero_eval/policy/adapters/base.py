@@ -74,7 +74,3 @@ class PolicyAdapter(ABC):
         """The family's `policy.*` settings that can change an episode's outcome (transport and
         timeouts left out), with the statistics file as its sha256: the policy's part of the
         rollout fingerprint (`libero_eval.config`)."""
-
-    @abstractmethod
-    def settings_summary(self) -> dict[str, Any]:
-        """JSON-serializable settings for provenance records."""

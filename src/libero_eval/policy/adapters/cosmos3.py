@@ -353,23 +353,3 @@ class Cosmos3Adapter(PolicyAdapter):
                     f"Cosmos3 response action for input {index} is invalid: {exc}"
                 ) from exc
         return result
-
-    # ---------------------------------------------------------------- provenance
-
-    def settings_summary(self) -> dict[str, Any]:
-        return {
-            "family": self.family,
-            "parameters": self.parameters(),
-            "num_action_chunks": self.num_action_chunks,
-            "action_dim": self.action_dim,
-            "size": f"{self.width}x{self.height}",
-            "normalization": self.normalization,
-            "action_stats_path": str(self.stats.source),
-            "action_stats_block": self.stats.block,
-            "action_stats_sha256": self.stats_sha256,
-            "gripper_mapping": self.gripper_mapping,
-            "orthonormalization": self.orthonormalization,
-            "transport": self.transport,
-            "response_format": self.response_format,
-            "prompt_suffix": action_math.PROMPT_VIEW_SUFFIX,
-        }

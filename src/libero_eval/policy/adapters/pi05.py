@@ -501,40 +501,6 @@ class Pi05Adapter(PolicyAdapter):
             raise PolicyResponseError("π0.5 response actions contain NaN or infinity")
         return actions[None]
 
-    # ---------------------------------------------------------------- provenance
-
-    def settings_summary(self) -> dict[str, Any]:
-        summary: dict[str, Any] = {
-            "family": self.family,
-            "api": self.api,
-            "replan_steps": self.replan_steps,
-            "image_size": self.image_size,
-        }
-        if self.stats is not None:
-            summary.update(
-                {
-                    "norm_stats_path": str(self.stats.source),
-                    "norm_stats_sha256": self.stats_sha256,
-                    "stats_convention": self.stats.convention,
-                    "normalization": self.normalization,
-                    "pad_state_to": self.pad_state_to,
-                    "action_horizon": self.action_horizon,
-                    "model_action_dim": self.model_action_dim,
-                    "num_inference_steps": self.num_inference_steps,
-                    "lineage": self.layout.lineage,
-                    "checkpoint": str(self.layout.source) if self.layout.source else None,
-                    "camera_keys": list(self.layout.camera_keys),
-                    "prompt_tokens": (
-                        "client (openpi)"
-                        if self.tokenizer_model
-                        else "client (LeRobot <= 0.4.4)"
-                        if self.tokenizer_json
-                        else "server"
-                    ),
-                }
-            )
-        return summary
-
     def check_server_metadata(self, metadata: dict[str, Any]) -> None:
         served = metadata.get("policy_family") if isinstance(metadata, dict) else None
         if self.api == "openpi_websocket" and served == "pi05":
