@@ -37,15 +37,18 @@ from libero_eval.faults import Faults, active_faults
 from libero_eval.plan import Episode
 from libero_eval.policy.adapters import make_adapter
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
-from libero_eval.policy.client import (
-    PolicyClient,
+from libero_eval.policy.connection import (
+    ConnectionSpec,
+    PolicyConnection,
+    connect,
+    policy_connection_spec,
+)
+from libero_eval.policy.errors import (
     PolicyClientError,
     PolicyRequestRejected,
     PolicyResponseError,
     PolicyServerUnavailable,
 )
-from libero_eval.policy.transport import make_client
-from libero_eval.policy.ws_client import WebsocketPolicyClient
 from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeOutcome, EpisodeSpec
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.rollout.scheduler import EpisodeScheduler, RunningEpisode
@@ -256,36 +259,39 @@ class ShardRunner:
         self.url = server_url
         self.adapter = adapter or make_adapter(settings.policy_family, settings.policy_settings)
         self.progress = progress
+        self._spec: ConnectionSpec = policy_connection_spec(
+            server_url, settings.policy_family, settings.policy_settings
+        )
         self._local = threading.local()
-        self._clients: list[PolicyClient | WebsocketPolicyClient] = []
-        self._clients_lock = threading.Lock()
+        self._connections: list[PolicyConnection] = []
+        self._connections_lock = threading.Lock()
         self._done_queue: queue.Queue = queue.Queue()
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
 
     # -- policy calls (on HTTP threads) ----------------------------------------------------------
-    def _client(self) -> PolicyClient | WebsocketPolicyClient:
-        client = getattr(self._local, "client", None)
-        if client is None:
+    def _connection(self) -> PolicyConnection:
+        """This thread's connection to the server (one request at a time each)."""
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
             c = self.settings.client
-            client = make_client(
-                self.url,
-                self.adapter,
+            connection = connect(
+                self._spec,
                 timeout_s=c.timeout_s,
                 max_retries=c.max_retries,
                 retry_backoff_s=c.retry_backoff_s,
             )
-            self._local.client = client
-            with self._clients_lock:
-                self._clients.append(client)
-        return client
+            self._local.connection = connection
+            with self._connections_lock:
+                self._connections.append(connection)
+        return connection
 
     def _call_policy(self, batch: list[tuple[int, Observation]]) -> None:
         observations = [obs for _, obs in batch]
         started = time.monotonic()
         try:
             payload = self.adapter.build_request(observations, request_id=uuid.uuid4().hex)
-            response = self._client().generate(payload)
+            response = self._connection().infer(payload)
             actions = self.adapter.parse_response(response, len(observations))
             result: Any = ("ok", actions, time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - handed to the main loop to decide
@@ -356,8 +362,8 @@ class ShardRunner:
                 else:  # a failing shard loses its in-flight episodes anyway: don't wait
                     worker.kill()
             if fatal is None:
-                for client in self._clients:
-                    client.close()
+                for connection in self._connections:
+                    connection.close()
 
     def _start(self, worker: EnvWorker, episode: Episode) -> None:
         self._send_start(worker, self._scheduler.start(worker.index, episode))
@@ -518,9 +524,8 @@ def run_shard(
     max_batch = 1
     adapter = make_adapter(settings.policy_family, settings.policy_settings)
     if pending:
-        probe = make_client(
-            server_url,
-            adapter,
+        probe = connect(
+            policy_connection_spec(server_url, settings.policy_family, settings.policy_settings),
             timeout_s=min(30.0, settings.client.timeout_s),
             max_retries=settings.client.max_retries,
             retry_backoff_s=settings.client.retry_backoff_s,

@@ -32,7 +32,7 @@ from PIL import Image
 
 from libero_eval.policy import actions as action_math
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
-from libero_eval.policy.client import PolicyResponseError
+from libero_eval.policy.errors import PolicyResponseError
 
 REQUIRED_SETTINGS = (
     "action_mode",
@@ -165,7 +165,6 @@ class Cosmos3Adapter(PolicyAdapter):
         self.orthonormalization = _setting_str(settings, "orthonormalization")
         self.transport = _setting_str(settings, "transport")
         self.response_format = _setting_str(settings, "response_format")
-        self.wire_format = "msgpack" if self.transport == "msgpack" else "json"
         stats_path = settings["action_stats_path"]
         if not isinstance(stats_path, str | Path) or not str(stats_path):
             raise ValueError(f"policy.action_stats_path must be a file path, got {stats_path!r}")

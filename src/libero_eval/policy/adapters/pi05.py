@@ -49,7 +49,7 @@ from PIL import Image
 from libero_eval.policy import openpi_transforms as T
 from libero_eval.policy import paligemma
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
-from libero_eval.policy.client import PolicyResponseError
+from libero_eval.policy.errors import PolicyResponseError
 from libero_eval.policy.pi05_checkpoint import Pi05Layout, read_checkpoint
 
 APIS = ("sglang_http", "sglang_websocket", "openpi_websocket")
@@ -163,14 +163,8 @@ class Pi05Adapter(PolicyAdapter):
         self.replan_steps: int = s["replan_steps"]
         self.image_size: int = s["image_size"]
         self.response_format: str = s["response_format"]
-        if self.api == "sglang_http":
-            self.connection, self.wire_format = "http", s["wire_format"]
-            self.health_path = "/health"
-        else:
-            self.connection, self.wire_format = "websocket", "msgpack"
-            sglang = self.api == "sglang_websocket"
-            self.websocket_path = "/openpi/policy" if sglang else ""
-            self.health_path = "/health" if sglang else "/healthz"
+        # sglang_http with wire_format json: images as PNG / lists; else numpy arrays
+        self.json_body = self.api == "sglang_http" and s["wire_format"] == "json"
         self.layout = Pi05Layout.sglang_default()
         self.stats: T.NormStats | None = None
         self.stats_sha256: str | None = None
@@ -372,7 +366,7 @@ class Pi05Adapter(PolicyAdapter):
             return self._openpi_request(obs)
         images, masks = self.model_images(obs)
         state: Any = self.model_state(obs)
-        if self.wire_format == "json":  # PNG for 8-bit images; float images as exact lists
+        if self.json_body:  # PNG for 8-bit images; float images as exact lists
             images = {
                 key: image.tolist() if image.dtype.kind == "f" else _png_base64(image)
                 for key, image in images.items()
@@ -381,7 +375,7 @@ class Pi05Adapter(PolicyAdapter):
         observation: dict[str, Any] = {"images": images, "image_masks": masks, "state": state}
         tokens = self.prompt_tokens(obs)
         if tokens is not None:
-            as_wire = (lambda a: a.tolist()) if self.wire_format == "json" else (lambda a: a)
+            as_wire = (lambda a: a.tolist()) if self.json_body else (lambda a: a)
             observation["tokens"], observation["token_masks"] = map(as_wire, tokens)
         if self.api == "sglang_websocket":
             payload = {
@@ -409,7 +403,7 @@ class Pi05Adapter(PolicyAdapter):
             },
             "runtime": {
                 "response_format": self.response_format,
-                "output_format": "numpy" if self.wire_format == "msgpack" else "list",
+                "output_format": "list" if self.json_body else "numpy",
             },
         }
 
