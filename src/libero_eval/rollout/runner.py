@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from libero_eval.eventlog import episode_line, log_event
-from libero_eval.faults import Faults, active_faults
+from libero_eval.faults import NO_FAULTS, Faults, NoFaults, active_faults, fault_hooks
 from libero_eval.plan import Episode
 from libero_eval.policy.adapters import make_adapter
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
@@ -49,7 +49,14 @@ from libero_eval.policy.errors import (
     PolicyResponseError,
     PolicyServerUnavailable,
 )
-from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeOutcome, EpisodeSpec
+from libero_eval.rollout.env_worker import (
+    Command,
+    EnvSettings,
+    EnvWorker,
+    EpisodeOutcome,
+    EpisodeSpec,
+    Status,
+)
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.rollout.scheduler import EpisodeScheduler, RunningEpisode
 from libero_eval.store import EpisodeStore, write_results
@@ -254,6 +261,7 @@ class ShardRunner:
     ):
         self.settings = settings
         self.faults = faults
+        self._faults: NoFaults = NO_FAULTS  # the hooks of a run (libero_eval.faults)
         self.max_batch_size = max_batch_size
         self.store = store
         self.url = server_url
@@ -293,9 +301,9 @@ class ShardRunner:
             payload = self.adapter.build_request(observations, request_id=uuid.uuid4().hex)
             response = self._connection().infer(payload)
             actions = self.adapter.parse_response(response, len(observations))
-            result: Any = ("ok", actions, time.monotonic() - started)
+            result: Any = (Status.OK, actions, time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - handed to the main loop to decide
-            result = ("error", exc, time.monotonic() - started)
+            result = (Status.ERROR, exc, time.monotonic() - started)
         self._done_queue.put((batch, result))
         self._wake_writer.send(b"x")
 
@@ -323,8 +331,10 @@ class ShardRunner:
 
     def _run_pending(self, pending: list[Episode], done_before: int, total: int) -> None:
         s = self.settings
+        self._faults = fault_hooks(self.faults)
         workers = [
-            EnvWorker(i, s.env, s.protocol) for i in range(min(s.envs_per_shard, len(pending)))
+            EnvWorker(i, s.env, s.protocol, inject_faults=self._faults.injects_env_faults)
+            for i in range(min(s.envs_per_shard, len(pending)))
         ]
         groups = max(1, min(s.max_inflight_requests, len(workers)))
         # the state of this run, shared by the loop's steps below
@@ -334,7 +344,6 @@ class ShardRunner:
         )
         self._batches = _Batches(groups, s.batch_timeout_s)
         self._bad_in_a_row = 0  # consecutive unusable policy answers
-        self._nan_chunk_for: set[int] = set()  # workers whose next chunk a fault turns into NaN
         # enough threads for every env's request in flight when the server takes one
         # observation per request (π0.5: throughput comes from requests in flight)
         per_request = -(-len(workers) // max(1, self.max_batch_size))
@@ -371,17 +380,11 @@ class ShardRunner:
     def _send_start(self, worker: EnvWorker, running: RunningEpisode) -> None:
         """Send `worker` the episode it now runs, with any fault injected at its start."""
         episode = running.episode
-        spec = EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id)
-        faults = self.faults
-        if faults is not None and running.attempt == 1:
-            starts = self._scheduler.first_attempts
-            if starts == faults.crash_env_at_episode:
-                spec.fault = "crash"
-            elif starts == faults.raise_env_at_episode:
-                spec.fault = "raise"
-            elif starts == faults.nan_action_at_episode:
-                self._nan_chunk_for.add(worker.index)
-        worker.send("start", spec)
+        fault = self._faults.env_fault(
+            worker.index, self._scheduler.first_attempts, running.attempt
+        )
+        spec = EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id, fault)
+        worker.send(Command.START, spec)
 
     def _finish(self, worker: EnvWorker, record: dict[str, Any]) -> None:
         """Store and log `worker`'s finished episode, then start its next one."""
@@ -399,8 +402,7 @@ class ShardRunner:
             line += f", error={record['error'].splitlines()[0]}"
         log_event(s.event_log, f"rollout {s.shard}", line)
         following = self._scheduler.finish(worker.index, record["success_once"])
-        if self.faults is not None:
-            self.faults.after_episode_persisted(s.shard, self._scheduler.finished_here)
+        self._faults.after_episode_persisted(s.shard, self._scheduler.finished_here)
         if following is not None:
             self._start(worker, following)
 
@@ -413,7 +415,7 @@ class ShardRunner:
         s = self.settings
         status, result = worker.receive()
         info = self._scheduler.running_on(worker.index)
-        if status == "died":
+        if status == Status.DIED:
             worker.restart()
             retry = self._scheduler.retry(worker.index)
             if retry is None:
@@ -421,7 +423,7 @@ class ShardRunner:
             else:
                 print(f"[{s.shard}] {result}; retrying {info.episode.key}", file=sys.stderr)
                 self._send_start(worker, retry)
-        elif status == "error":
+        elif status == Status.ERROR:
             self._fail(worker, result)
         elif isinstance(result, EpisodeOutcome):
             video = None
@@ -449,7 +451,7 @@ class ShardRunner:
             for position, (index, _obs) in enumerate(batch):
                 worker = self._workers[index]
                 self._scheduler.running_on(index).latencies.append(latency)
-                if status == "error":
+                if status == Status.ERROR:
                     kind = (
                         "bad policy response"
                         if isinstance(value, PolicyResponseError)
@@ -457,19 +459,17 @@ class ShardRunner:
                     )
                     self._fail(worker, f"{kind}: {value}")
                 else:
-                    chunk = value[position]
-                    if index in self._nan_chunk_for:
-                        self._nan_chunk_for.discard(index)
-                        chunk = np.full_like(np.asarray(chunk, dtype=float), np.nan)
-                    worker.send("chunk", chunk)
+                    worker.send(Command.CHUNK, self._faults.chunk(index, value[position]))
 
-    def _check_server(self, status: str, value: Any) -> None:
+    def _check_server(self, status: Status, value: Any) -> None:
         """Fail the shard on a server that is gone, rejects requests, or keeps answering
         garbage; an unusable answer alone fails only its episodes."""
         s = self.settings
-        if status == "error" and isinstance(value, PolicyRequestRejected | PolicyServerUnavailable):
+        if status == Status.ERROR and isinstance(
+            value, PolicyRequestRejected | PolicyServerUnavailable
+        ):
             raise ShardFailed(f"{s.shard}: policy server {self.url} failed: {value}") from value
-        if status == "error" and isinstance(value, PolicyResponseError):
+        if status == Status.ERROR and isinstance(value, PolicyResponseError):
             self._bad_in_a_row += 1
             if self._bad_in_a_row >= s.max_consecutive_bad_responses:
                 raise ShardFailed(
@@ -478,7 +478,7 @@ class ShardRunner:
                     "URL points at a policy server of the configured family "
                     "(policy.family) and read its log"
                 ) from value
-        elif status == "ok":
+        elif status == Status.OK:
             self._bad_in_a_row = 0
 
     def _send_due_batches(self, pool: _HttpPool) -> None:
