@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Self, TypeVar
 from urllib.parse import urlsplit
 
 import requests
@@ -80,7 +80,7 @@ class ConnectionBase:
     def close(self) -> None:
         self._session.close()
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc_info: object) -> None:

@@ -2,7 +2,7 @@
 
 The loop keeps every env busy: a worker that is waiting for actions holds a ready
 observation; ready observations are grouped by prompt (the server rejects mixed prompts in a
-batch), cut to the server's max batch size and sent on a small pool of HTTP threads; while a
+batch), cut to the server's max batch size and sent on a small pool of policy threads; while a
 request is in flight the other workers keep stepping. Each finished episode is written to the
 episode store at once, so a killed shard loses only the episodes in flight. Which episode a
 worker runs next, and the shard's counts, are kept by `scheduler.EpisodeScheduler`; this
@@ -156,7 +156,7 @@ def _save_video(frames: list[np.ndarray], video_dir: Path, episode: Episode, suc
     return str(path)
 
 
-class _HttpPool:
+class _CallPool:
     """A few daemon threads running policy calls.
 
     Daemon threads, unlike ThreadPoolExecutor's, never hold up the exit of a failing shard
@@ -277,7 +277,7 @@ class ShardRunner:
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
 
-    # -- policy calls (on HTTP threads) ----------------------------------------------------------
+    # -- policy calls (on policy threads) --------------------------------------------------------
     def _connection(self) -> PolicyConnection:
         """This thread's connection to the server (one request at a time each)."""
         connection = getattr(self._local, "connection", None)
@@ -347,7 +347,7 @@ class ShardRunner:
         # enough threads for every env's request in flight when the server takes one
         # observation per request (π0.5: throughput comes from requests in flight)
         per_request = -(-len(workers) // max(1, self.max_batch_size))
-        pool = _HttpPool(max(4, s.max_inflight_requests, per_request), self._call_policy)
+        pool = _CallPool(max(4, s.max_inflight_requests, per_request), self._call_policy)
         fatal: BaseException | None = None
         try:
             for worker in workers:
@@ -481,7 +481,7 @@ class ShardRunner:
         elif status == Status.OK:
             self._bad_in_a_row = 0
 
-    def _send_due_batches(self, pool: _HttpPool) -> None:
+    def _send_due_batches(self, pool: _CallPool) -> None:
         """Send the ready observations of each env group that is due (see `_Batches`)."""
         now = time.monotonic()
         for group in range(self._batches.groups):
