@@ -163,7 +163,8 @@ class Cosmos3Adapter(PolicyAdapter):
         self.normalization = _setting_str(settings, "normalization")
         self.gripper_mapping = _setting_str(settings, "gripper_mapping")
         self.orthonormalization = _setting_str(settings, "orthonormalization")
-        self.transport = _setting_str(settings, "transport")
+        # policy.transport png_base64: a JSON body with PNG images; msgpack: numpy arrays
+        self.json_body = _setting_str(settings, "transport") == "png_base64"
         self.response_format = _setting_str(settings, "response_format")
         stats_path = settings["action_stats_path"]
         if not isinstance(stats_path, str | Path) or not str(stats_path):
@@ -221,9 +222,7 @@ class Cosmos3Adapter(PolicyAdapter):
             for obs in observations
         ]
         references: list[Any] = (
-            images
-            if self.transport == "msgpack"
-            else [{"b64_json": _png_base64(image)} for image in images]
+            [{"b64_json": _png_base64(image)} for image in images] if self.json_body else images
         )
         input_block: dict[str, Any] = {
             "prompt": prompts[0] if len(set(prompts)) == 1 else prompts,
@@ -243,7 +242,7 @@ class Cosmos3Adapter(PolicyAdapter):
             "parameters": self.parameters(),
             "runtime": {
                 "response_format": self.response_format,
-                "output_format": "numpy" if self.transport == "msgpack" else "list",
+                "output_format": "list" if self.json_body else "numpy",
             },
         }
 
