@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -154,6 +154,15 @@ def _save_video(frames: list[np.ndarray], video_dir: Path, episode: Episode, suc
     path.parent.mkdir(parents=True, exist_ok=True)
     iio.imwrite(path, np.stack(frames), fps=10, codec="libx264")
     return str(path)
+
+
+class _Answer(NamedTuple):
+    """A policy call's outcome: `Status.OK` with the actions, or `Status.ERROR` with the
+    exception; its wall time."""
+
+    status: Status
+    value: Any
+    latency_s: float
 
 
 class _CallPool:
@@ -301,10 +310,10 @@ class ShardRunner:
             payload = self.adapter.build_request(observations, request_id=uuid.uuid4().hex)
             response = self._connection().infer(payload)
             actions = self.adapter.parse_response(response, len(observations))
-            result: Any = (Status.OK, actions, time.monotonic() - started)
+            answer = _Answer(Status.OK, actions, time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - handed to the main loop to decide
-            result = (Status.ERROR, exc, time.monotonic() - started)
-        self._done_queue.put((batch, result))
+            answer = _Answer(Status.ERROR, exc, time.monotonic() - started)
+        self._done_queue.put((batch, answer))
         self._wake_writer.send(b"x")
 
     # -- main loop -----------------------------------------------------------------------------
