@@ -22,7 +22,7 @@ from scipy.spatial.transform import Rotation
 
 from libero_eval.policy import codec
 from libero_eval.policy.adapters import Observation, make_adapter
-from libero_eval.policy.client import PolicyClient
+from libero_eval.policy.client import HttpConnection
 
 STATS = Path(__file__).resolve().parents[1] / "config" / "stats" / "pi05_libero_norm_stats.json"
 
@@ -68,7 +68,7 @@ def main() -> None:
         )
         request_ms, payload = timed(lambda a=adapter: a.build_request([obs], "r"), args.repeats)
         if wire == "json":
-            client = PolicyClient("http://127.0.0.1:1", transport="json")
+            client = HttpConnection("http://127.0.0.1:1", wire_format="json")
             encode_ms, (body, _) = timed(lambda p=payload, c=client: c.encode(p), args.repeats)
             decode_ms, _ = timed(lambda b=body: json.loads(b), args.repeats)
         else:

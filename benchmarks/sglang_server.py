@@ -33,7 +33,7 @@ import psutil
 import yaml
 
 from libero_eval.policy.adapters import Observation, make_adapter
-from libero_eval.policy.client import PolicyClient
+from libero_eval.policy.client import HttpConnection
 from libero_eval.serve.launcher import ManagedServer
 from libero_eval.serve.settings import ServerSettings
 
@@ -132,20 +132,20 @@ def time_batch(family: str, adapter: Any, url: str, batch: int, rng: np.random.G
     """Wall seconds for `batch` observations: one request (Cosmos3), or `batch` requests in
     flight at once (π0.5). Checks that every answer parses to LIBERO actions."""
     if family == "cosmos3":
-        client = PolicyClient(url, timeout_s=600, max_retries=0, transport="msgpack")
+        client = HttpConnection(url, timeout_s=600, max_retries=0, wire_format="msgpack")
         payload = adapter.build_request([observation(rng) for _ in range(batch)], "bench")
         started = time.perf_counter()
-        actions = adapter.parse_response(client.generate(payload), batch)
+        actions = adapter.parse_response(client.infer(payload), batch)
         seconds = time.perf_counter() - started
         assert actions.shape[0] == batch and np.isfinite(actions).all(), actions.shape
         return seconds
     payloads = [adapter.build_request([observation(rng)], f"bench{i}") for i in range(batch)]
     clients = [
-        PolicyClient(url, timeout_s=600, max_retries=0, transport="msgpack") for _ in payloads
+        HttpConnection(url, timeout_s=600, max_retries=0, wire_format="msgpack") for _ in payloads
     ]
 
     def one(i: int) -> np.ndarray:
-        return adapter.parse_response(clients[i].generate(payloads[i]), 1)
+        return adapter.parse_response(clients[i].infer(payloads[i]), 1)
 
     started = time.perf_counter()
     with futures.ThreadPoolExecutor(batch) as pool:
@@ -176,7 +176,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         gpu.pids = {server.pid, *(p.pid for p in server.track_descendants())}
         result["gpu_after_load_mib"] = gpu.used_mib()
         result["server_process_mib_after_load"] = round(gpu.process_mib())
-        client = PolicyClient(server.url, timeout_s=60, max_retries=0, transport="msgpack")
+        client = HttpConnection(server.url, timeout_s=60, max_retries=0, wire_format="msgpack")
         result["metadata"] = client.metadata()
         max_batch = int(result["metadata"].get("capabilities", {}).get("max_batch_size", 1))
         rows = []

@@ -1,4 +1,4 @@
-"""PolicyClient against a real HTTP server on 127.0.0.1: retries, errors, msgpack transport."""
+"""HttpConnection against a real HTTP server on 127.0.0.1: retries, errors, msgpack transport."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 
 from libero_eval.policy import codec
 from libero_eval.policy.client import (
-    PolicyClient,
+    HttpConnection,
     PolicyRequestRejected,
     PolicyResponseError,
     PolicyServerUnavailable,
@@ -134,9 +134,9 @@ def test_4xx_is_not_retried_and_reports_the_servers_detail(server):
     detail = "Cosmos3 requires num_frames == action_horizon + 1, got num_frames=16"
     server.replies[GENERATIONS] = [json_reply({"detail": detail}, status=400)]
     sleep = RecordingSleep()
-    client = PolicyClient(server.url, max_retries=3, retry_backoff_s=0.01, sleep=sleep)
+    client = HttpConnection(server.url, max_retries=3, retry_backoff_s=0.01, sleep=sleep)
     with pytest.raises(PolicyRequestRejected) as info:
-        client.generate(PAYLOAD)
+        client.infer(PAYLOAD)
     assert info.value.status == 400 and info.value.detail == detail
     assert detail in str(info.value) and server.url + GENERATIONS in str(info.value)
     assert len(server.requests_to(GENERATIONS)) == 1 and sleep.calls == []
@@ -145,9 +145,9 @@ def test_4xx_is_not_retried_and_reports_the_servers_detail(server):
 def test_5xx_is_retried_with_linear_backoff_then_raised(server):
     server.replies[GENERATIONS] = [json_reply({"detail": "CUDA out of memory"}, status=500)]
     sleep = RecordingSleep()
-    client = PolicyClient(server.url, max_retries=3, retry_backoff_s=0.03, sleep=sleep)
+    client = HttpConnection(server.url, max_retries=3, retry_backoff_s=0.03, sleep=sleep)
     with pytest.raises(PolicyServerUnavailable) as info:
-        client.generate(PAYLOAD)
+        client.infer(PAYLOAD)
     message = str(info.value)
     assert server.url + GENERATIONS in message and "4 attempt(s)" in message
     assert "HTTP 500" in message and "CUDA out of memory" in message
@@ -165,18 +165,18 @@ def test_transient_5xx_recovers_and_reports_attempts_and_latency(server):
         json_reply({"detail": "busy"}, status=502),
         json_reply({"id": "act_1", "data": []}),
     ]
-    client = PolicyClient(server.url, transport="json", max_retries=5, retry_backoff_s=0.001)
-    assert client.generate(PAYLOAD) == {"id": "act_1", "data": []}
+    client = HttpConnection(server.url, wire_format="json", max_retries=5, retry_backoff_s=0.001)
+    assert client.infer(PAYLOAD) == {"id": "act_1", "data": []}
     assert client.last_attempts == 3
     assert client.last_latency_s is not None and 0 < client.last_latency_s < 5
 
 
 def test_timeouts_are_retried_then_raised(server):
     server.replies[GENERATIONS] = [Reply(delay_s=0.6)]
-    client = PolicyClient(server.url, timeout_s=0.15, max_retries=1, retry_backoff_s=0.01)
+    client = HttpConnection(server.url, timeout_s=0.15, max_retries=1, retry_backoff_s=0.01)
     started = time.monotonic()
     with pytest.raises(PolicyServerUnavailable, match=r"2 attempt\(s\).*timed out after 0.15 s"):
-        client.generate(PAYLOAD)
+        client.infer(PAYLOAD)
     assert len(server.requests_to(GENERATIONS)) == 2
     assert time.monotonic() - started < 1.5
 
@@ -184,9 +184,9 @@ def test_timeouts_are_retried_then_raised(server):
 def test_connection_refused_is_retried_then_raised():
     url = f"http://127.0.0.1:{free_port()}"
     sleep = RecordingSleep()
-    client = PolicyClient(url, max_retries=2, retry_backoff_s=0.01, sleep=sleep)
+    client = HttpConnection(url, max_retries=2, retry_backoff_s=0.01, sleep=sleep)
     with pytest.raises(PolicyServerUnavailable, match="connection failed") as info:
-        client.generate(PAYLOAD)
+        client.infer(PAYLOAD)
     assert url in str(info.value) and sleep.calls == pytest.approx([0.01, 0.02])
 
 
@@ -200,9 +200,9 @@ def test_connection_refused_is_retried_then_raised():
 )
 def test_garbage_bodies_raise_policy_response_error_without_retry(server, reply, message):
     server.replies[GENERATIONS] = [reply]
-    client = PolicyClient(server.url, max_retries=3, retry_backoff_s=0.01)
+    client = HttpConnection(server.url, max_retries=3, retry_backoff_s=0.01)
     with pytest.raises(PolicyResponseError, match=message) as info:
-        client.generate(PAYLOAD)
+        client.infer(PAYLOAD)
     assert server.url + GENERATIONS in str(info.value)
     assert len(server.requests_to(GENERATIONS)) == 1
 
@@ -233,8 +233,8 @@ def test_msgpack_round_trip_keeps_uint8_images_as_raw_bytes(server):
         "parameters": {"num_frames": 17, "seed": 1140},
         "runtime": {"response_format": "envelope", "output_format": "numpy"},
     }
-    client = PolicyClient(server.url, transport="msgpack")
-    response = client.generate(payload)
+    client = HttpConnection(server.url, wire_format="msgpack")
+    response = client.infer(payload)
     echoed = response["echo"]["input"]["input_reference"]
     for sent, received in zip(images, echoed, strict=True):
         assert received.dtype == np.uint8 and received.shape == (192, 320, 3)
@@ -252,9 +252,9 @@ def test_json_transport_sends_arrays_as_lists(server):
         return Reply(body=request.body, content_type="application/json")
 
     server.handlers[GENERATIONS] = echo
-    client = PolicyClient(server.url, transport="png_base64")
+    client = HttpConnection(server.url, wire_format="json")
     payload = {"input": {"privileged_state": [{"pos": np.array([0.5, 1.5])}]}, "n": np.int64(3)}
-    assert client.generate(payload) == {
+    assert client.infer(payload) == {
         "input": {"privileged_state": [{"pos": [0.5, 1.5]}]},
         "n": 3,
     }
@@ -267,7 +267,7 @@ def test_environment_proxies_do_not_capture_loopback(server, monkeypatch):
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
     server.replies[GENERATIONS] = [json_reply({"ok": True})]
-    assert PolicyClient(server.url, max_retries=0).generate(PAYLOAD) == {"ok": True}
+    assert HttpConnection(server.url, max_retries=0).infer(PAYLOAD) == {"ok": True}
 
 
 # ------------------------------------------------------------------------------ readiness
@@ -275,7 +275,7 @@ def test_environment_proxies_do_not_capture_loopback(server, monkeypatch):
 
 def test_health_and_wait_until_healthy(server):
     server.replies["/health"] = [Reply(status=503), Reply(status=503), Reply(status=200)]
-    client = PolicyClient(server.url)
+    client = HttpConnection(server.url)
     client.wait_until_healthy(deadline_s=5, poll_s=0.01)
     assert len(server.requests_to("/health")) == 3
     assert client.health()
@@ -283,7 +283,7 @@ def test_health_and_wait_until_healthy(server):
 
 def test_wait_until_healthy_gives_up_at_the_deadline(server):
     server.replies["/health"] = [Reply(status=503)]
-    client = PolicyClient(server.url)
+    client = HttpConnection(server.url)
     started = time.monotonic()
     with pytest.raises(PolicyServerUnavailable, match="within 0.2 s") as info:
         client.wait_until_healthy(deadline_s=0.2, poll_s=0.05)
@@ -293,7 +293,7 @@ def test_wait_until_healthy_gives_up_at_the_deadline(server):
 
 def test_wait_until_healthy_stops_when_the_server_process_dies(server):
     server.replies["/health"] = [Reply(status=503)]
-    client = PolicyClient(server.url)
+    client = HttpConnection(server.url)
     started = time.monotonic()
     with pytest.raises(PolicyServerUnavailable, match="exited before /health"):
         client.wait_until_healthy(deadline_s=30, poll_s=0.05, is_alive=lambda: False)
@@ -301,7 +301,7 @@ def test_wait_until_healthy_stops_when_the_server_process_dies(server):
 
 
 def test_health_is_false_when_nothing_listens():
-    assert not PolicyClient(f"http://127.0.0.1:{free_port()}").health()
+    assert not HttpConnection(f"http://127.0.0.1:{free_port()}").health()
 
 
 def test_metadata_and_max_batch_size(server):
@@ -310,7 +310,7 @@ def test_metadata_and_max_batch_size(server):
         json_reply({"policy_family": "cosmos3"}),
         json_reply({"capabilities": {"max_batch_size": 0}}),
     ]
-    client = PolicyClient(server.url)
+    client = HttpConnection(server.url)
     assert client.max_batch_size() == 8
     assert client.max_batch_size() == 1
     with pytest.raises(PolicyResponseError, match="capabilities.max_batch_size"):
@@ -323,9 +323,9 @@ def test_metadata_and_max_batch_size(server):
         ({"base_url": "127.0.0.1:30000"}, "must look like http://HOST:PORT"),
         ({"base_url": "http://127.0.0.1:1", "timeout_s": 0}, "timeout_s"),
         ({"base_url": "http://127.0.0.1:1", "max_retries": -1}, "max_retries"),
-        ({"base_url": "http://127.0.0.1:1", "transport": "grpc"}, "transport"),
+        ({"base_url": "http://127.0.0.1:1", "wire_format": "grpc"}, "transport"),
     ],
 )
 def test_bad_client_settings_are_rejected(kwargs, message):
     with pytest.raises(ValueError, match=message):
-        PolicyClient(**kwargs)
+        HttpConnection(**kwargs)

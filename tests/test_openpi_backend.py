@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_launcher import survivors, wait_for_pids
 
-from libero_eval.policy.ws_client import WebsocketPolicyClient
+from libero_eval.policy.ws_client import WebsocketConnection
 from libero_eval.serve.command import build_command
 from libero_eval.serve.launcher import ManagedServer
 from libero_eval.serve.settings import ServerSettings, ServerSettingsError
@@ -110,9 +110,9 @@ def test_openpi_server_lifecycle_health_serving_and_teardown(tmp_path):
             service, {"status": "ready", "url": server.url, "health_path": "/healthz"}
         )
         assert wait_for_service(service, timeout_s=10)["url"] == server.url
-        with WebsocketPolicyClient(server.url, health_path="/healthz", max_retries=0) as client:
+        with WebsocketConnection(server.url, health_path="/healthz", max_retries=0) as client:
             assert client.health()
-            actions = client.generate({"prompt": "x", "observation/state": np.zeros(8)})
+            actions = client.infer({"prompt": "x", "observation/state": np.zeros(8)})
             assert actions["actions"].shape == (10, 7)
         pids = wait_for_pids(tmp_path, 2)
     finally:

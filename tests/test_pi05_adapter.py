@@ -14,6 +14,7 @@ from libero_eval.policy import openpi_transforms as T
 from libero_eval.policy.adapters import Observation, make_adapter
 from libero_eval.policy.adapters.pi05 import Pi05Adapter
 from libero_eval.policy.client import PolicyResponseError
+from libero_eval.policy.connection import policy_connection_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STATS = REPO_ROOT / "config" / "stats" / "pi05_libero_norm_stats.json"
@@ -195,7 +196,8 @@ def test_unpadded_state_and_json_wire_are_settings():
 def test_websocket_requests_are_sglang_flat_maps_or_openpis_raw_observation():
     obs = observation()
     sglang = adapter(api="sglang_websocket")
-    assert (sglang.connection, sglang.websocket_path, sglang.health_path) == (
+    endpoint = policy_connection_spec("http://h:1", "pi05", {"pi05": {"api": "sglang_websocket"}})
+    assert (endpoint.protocol, endpoint.path, endpoint.health_path) == (
         "websocket",
         "/openpi/policy",
         "/health",
@@ -204,7 +206,8 @@ def test_websocket_requests_are_sglang_flat_maps_or_openpis_raw_observation():
     assert flat["prompt"] == obs.task_language and flat["state"].shape == (32,)
     assert set(flat["images"]) == set(T.IMAGE_KEYS) and flat["action_dim"] == 32
     openpi = adapter(api="openpi_websocket")
-    assert (openpi.websocket_path, openpi.health_path) == ("", "/healthz")
+    endpoint = policy_connection_spec("http://h:1", "pi05", {"pi05": {"api": "openpi_websocket"}})
+    assert (endpoint.path, endpoint.health_path) == ("", "/healthz")
     raw = openpi.build_request([obs], "r")
     assert sorted(raw) == [
         "observation/image",

@@ -15,12 +15,12 @@ from test_pi05_adapter import REPO_ROOT, STATS, adapter, observation
 from libero_eval.policy import codec
 from libero_eval.policy import openpi_transforms as T
 from libero_eval.policy.adapters import make_adapter
-from libero_eval.policy.client import PolicyClient, PolicyRequestRejected, PolicyResponseError
-from libero_eval.policy.ws_client import WebsocketPolicyClient
+from libero_eval.policy.client import HttpConnection, PolicyRequestRejected, PolicyResponseError
+from libero_eval.policy.ws_client import WebsocketConnection
 
 
 def encoded(payload: dict, wire: str) -> tuple[bytes, str]:
-    client = PolicyClient("http://127.0.0.1:1", transport=wire)
+    client = HttpConnection("http://127.0.0.1:1", wire_format=wire)
     body, headers = client.encode(payload)
     return body, headers["Content-Type"]
 
@@ -76,7 +76,7 @@ def http_decode(body: bytes, content_type: str) -> dict:
     response = requests.models.Response()
     response.status_code, response._content = 200, body
     response.headers["content-type"] = content_type
-    return PolicyClient("http://127.0.0.1:1")._check_response("POST", "url", response)
+    return HttpConnection("http://127.0.0.1:1")._check_response("POST", "url", response)
 
 
 @pytest.mark.parametrize(
@@ -99,7 +99,7 @@ def test_sglang_built_answers_decode_to_libero_actions(sglang_side, route, respo
         wire=wire,
     )
     if route == "ws":
-        decoded = WebsocketPolicyClient("http://127.0.0.1:1")._decode(body, "answer")
+        decoded = WebsocketConnection("http://127.0.0.1:1")._decode(body, "answer")
         a = adapter(api="sglang_websocket")
     else:
         content_type = "application/msgpack" if wire == "msgpack" else "application/json"
@@ -115,7 +115,7 @@ def test_sglang_built_answers_decode_to_libero_actions(sglang_side, route, respo
 def test_sglang_error_frame_and_metadata(sglang_side):
     frame = sglang_side.call("pi05_error_frame", message="Traceback ... ValueError: boom")
     with pytest.raises(PolicyRequestRejected, match="boom"):
-        WebsocketPolicyClient("http://127.0.0.1:1")._decode(frame, "answer")
+        WebsocketConnection("http://127.0.0.1:1")._decode(frame, "answer")
     metadata = sglang_side.call("pi05_metadata")
     assert metadata["capabilities"]["batch_inputs"] is False
     assert metadata["output"]["padded_action_dim"] == 32
@@ -148,7 +148,7 @@ def test_openpi_frames_both_ways_with_openpi_clients_msgpack(sglang_side):
         assert (seen[key]["dtype"], seen[key]["shape"]) == ("|u1", [224, 224, 3])
     libero = np.random.default_rng(4).uniform(-1, 1, (10, 7))
     frame = sglang_side.call("openpi_pack_actions", actions=libero.tobytes(), shape=[10, 7])
-    decoded = WebsocketPolicyClient("http://127.0.0.1:1")._decode(frame, "answer")
+    decoded = WebsocketConnection("http://127.0.0.1:1")._decode(frame, "answer")
     np.testing.assert_array_equal(a.parse_response(decoded, 1)[0], libero[:5])
 
 

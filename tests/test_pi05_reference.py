@@ -14,8 +14,8 @@ import yaml
 from test_pi05_adapter import STATS, adapter, observation
 
 from libero_eval.policy.adapters import make_adapter
-from libero_eval.policy.client import PolicyClient, PolicyRequestRejected, PolicyResponseError
-from libero_eval.policy.transport import make_client
+from libero_eval.policy.client import HttpConnection, PolicyRequestRejected, PolicyResponseError
+from libero_eval.policy.connection import connect, policy_connection_spec
 from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 
@@ -47,11 +47,17 @@ def privileged(seed: int = 0):
     return dataclasses.replace(obs, privileged_state=state)
 
 
-def roundtrip(url: str, a, obs) -> np.ndarray:
-    with make_client(url, a, max_retries=0) as client:
+def connection(url: str, **overrides):
+    """A connection to ``url`` as the π0.5 settings ``overrides`` describe it."""
+    return connect(policy_connection_spec(url, "pi05", {"pi05": overrides}), max_retries=0)
+
+
+def roundtrip(url: str, obs, **overrides) -> np.ndarray:
+    a = adapter(**overrides)
+    with connection(url, **overrides) as client:
         a.check_server_metadata(client.metadata())
         assert client.max_batch_size() == 1
-        return a.parse_response(client.generate(a.build_request([obs], "r")), 1)
+        return a.parse_response(client.infer(a.build_request([obs], "r")), 1)
 
 
 @pytest.mark.parametrize(
@@ -65,7 +71,7 @@ def roundtrip(url: str, a, obs) -> np.ndarray:
     ids=["http-msgpack", "http-json-raw", "websocket", "openpi-raw"],
 )
 def test_the_expert_comes_back_through_pi05_conventions(pi05_url, overrides):
-    actions = roundtrip(pi05_url, adapter(**overrides), privileged())
+    actions = roundtrip(pi05_url, privileged(), **overrides)
     assert actions.shape == (1, 5, 7)
     np.testing.assert_allclose(actions[0], np.tile(HOLD, (5, 1)), atol=1e-5)
 
@@ -75,14 +81,13 @@ def test_a_client_with_other_statistics_fails_the_state_check(pi05_url, tmp_path
     stats["norm_stats"]["state"]["q99"][0] += 0.5  # another checkpoint's statistics
     other = tmp_path / "norm_stats.json"
     other.write_text(json.dumps(stats))
-    a = adapter(norm_stats_path=str(other))
     with pytest.raises(PolicyRequestRejected, match="does not match the robot's: channel 0"):
-        roundtrip(pi05_url, a, privileged())
+        roundtrip(pi05_url, privileged(), norm_stats_path=str(other))
 
 
 def test_an_unpadded_state_is_refused(pi05_url):
     with pytest.raises(PolicyRequestRejected, match="zero-pad the normalized state"):
-        roundtrip(pi05_url, adapter(pad_state_to=None), privileged())
+        roundtrip(pi05_url, privileged(), pad_state_to=None)
 
 
 @pytest.mark.parametrize(
@@ -104,10 +109,10 @@ def test_images_unlike_the_models_preprocessing_fail_loudly(pi05_url, tamper, me
     payload = a.build_request([privileged()], "r")
     tamper(payload["input"]["observation"]["images"])
     with (
-        PolicyClient(pi05_url, max_retries=0) as client,
+        HttpConnection(pi05_url, max_retries=0) as client,
         pytest.raises(PolicyRequestRejected, match=message) as excinfo,
     ):
-        client.generate(payload)
+        client.infer(payload)
     assert "raw camera frames" in str(excinfo.value) or "shape" in message
 
 
@@ -115,10 +120,10 @@ def test_the_websocket_answers_an_error_frame_and_closes(pi05_url):
     a = adapter(api="sglang_websocket")
     payload = a.build_request([privileged()], "r")
     payload["images"]["base_0_rgb"] = payload["images"]["base_0_rgb"][::-1, ::-1]
-    with make_client(pi05_url, a, max_retries=0) as client:
+    with connection(pi05_url, api="sglang_websocket") as client:
         with pytest.raises(PolicyRequestRejected, match="flip"):
-            client.generate(payload)
-        answer = client.generate(a.build_request([privileged()], "r"))  # a fresh connection
+            client.infer(payload)
+        answer = client.infer(a.build_request([privileged()], "r"))  # a fresh connection
     assert answer["actions"].shape == (50, 32)
 
 
@@ -129,15 +134,15 @@ def cosmos3_adapter():
 
 def test_servers_of_the_other_family_are_refused(pi05_url):
     cosmos3 = cosmos3_adapter()
-    with PolicyClient(pi05_url, max_retries=0) as client:
+    with HttpConnection(pi05_url, max_retries=0) as client:
         with pytest.raises(PolicyResponseError, match="serves family 'pi05'"):
             cosmos3.check_server_metadata(client.metadata())
         with pytest.raises(PolicyRequestRejected, match="this is a π0.5 server"):
-            client.generate(cosmos3.build_request([privileged()], "r"))
+            client.infer(cosmos3.build_request([privileged()], "r"))
     settings = ReferenceServerSettings(action_stats_path=COSMOS3_STATS, policy="hold")
     with (
         serve_in_thread(settings) as url,
-        PolicyClient(url, max_retries=0) as client,
+        HttpConnection(url, max_retries=0) as client,
         pytest.raises(PolicyResponseError, match="serves family 'cosmos3'"),
     ):
         adapter().check_server_metadata(client.metadata())
@@ -146,24 +151,24 @@ def test_servers_of_the_other_family_are_refused(pi05_url):
 def test_cosmos3_images_are_checked_against_the_raw_frames_too():
     cosmos3 = cosmos3_adapter()
     settings = ReferenceServerSettings(action_stats_path=COSMOS3_STATS, policy="hold")
-    with serve_in_thread(settings) as url, PolicyClient(url, max_retries=0) as client:
+    with serve_in_thread(settings) as url, HttpConnection(url, max_retries=0) as client:
         good = cosmos3.build_request([privileged()], "r")
-        assert cosmos3.parse_response(client.generate(good), 1).shape == (1, 16, 7)
+        assert cosmos3.parse_response(client.infer(good), 1).shape == (1, 16, 7)
         bad = cosmos3.build_request([privileged()], "r")
         bad["input"]["input_reference"][0] = bad["input"]["input_reference"][0][::-1, ::-1]
         with pytest.raises(PolicyRequestRejected, match="Cosmos3 LIBERO.*flip"):
-            client.generate(bad)
+            client.infer(bad)
 
 
 def test_openpis_raw_protocol_checks_the_raw_state_and_images(pi05_url):
     a = adapter(api="openpi_websocket")
     payload = a.build_request([privileged()], "r")
     payload["observation/image"] = payload["observation/image"][::-1, ::-1]
-    with make_client(pi05_url, a, max_retries=0) as client:
+    with connection(pi05_url, api="openpi_websocket") as client:
         assert client.health()  # openpi's /healthz
         with pytest.raises(PolicyRequestRejected, match="flip"):
-            client.generate(payload)
+            client.infer(payload)
         payload = a.build_request([privileged()], "r")
         payload["observation/state"] = payload["observation/state"] + 0.01
         with pytest.raises(PolicyRequestRejected, match="the state does not match the robot's"):
-            client.generate(payload)
+            client.infer(payload)

@@ -12,7 +12,7 @@ from websockets.sync.server import ServerConnection, serve
 
 from libero_eval.policy import codec
 from libero_eval.policy.client import PolicyRequestRejected, PolicyServerUnavailable
-from libero_eval.policy.ws_client import WebsocketPolicyClient
+from libero_eval.policy.ws_client import WebsocketConnection
 
 
 @contextmanager
@@ -39,10 +39,10 @@ def echo_actions(ws: ServerConnection, request: dict) -> None:
 
 
 def test_requests_and_answers_travel_as_msgpack_numpy():
-    with ws_server(echo_actions) as url, WebsocketPolicyClient(url, max_retries=0) as client:
+    with ws_server(echo_actions) as url, WebsocketConnection(url, max_retries=0) as client:
         assert client.metadata() == {"policy": "test"}
         for step in range(3):  # one connection, many requests
-            answer = client.generate({"step": step, "image": np.zeros((4, 4, 3), np.uint8)})
+            answer = client.infer({"step": step, "image": np.zeros((4, 4, 3), np.uint8)})
             np.testing.assert_array_equal(answer["actions"], np.full((10, 7), float(step)))
         assert client.last_attempts == 1 and client.last_latency_s is not None
 
@@ -57,10 +57,10 @@ def test_an_error_frame_is_a_rejected_request_not_retried():
 
     with (
         ws_server(fail) as url,
-        WebsocketPolicyClient(url, max_retries=3) as client,
+        WebsocketConnection(url, max_retries=3) as client,
         pytest.raises(PolicyRequestRejected, match="KeyError: 'observation/image'"),
     ):
-        client.generate({"step": 0})
+        client.infer({"step": 0})
     assert len(calls) == 1
 
 
@@ -77,9 +77,9 @@ def test_a_connection_closed_mid_episode_is_retried_on_a_new_connection():
     sleeps: list[float] = []
     with (
         ws_server(drop_first) as url,
-        WebsocketPolicyClient(url, max_retries=2, sleep=sleeps.append) as client,
+        WebsocketConnection(url, max_retries=2, sleep=sleeps.append) as client,
     ):
-        answer = client.generate({"step": 4})
+        answer = client.infer({"step": 4})
     assert answer["actions"][0, 0] == 4.0
     assert client.last_attempts == 2 and sleeps == [1.0]
 
@@ -89,14 +89,14 @@ def test_a_server_that_stays_gone_fails_with_the_fix():
         ws.close()
 
     with ws_server(close) as url:
-        client = WebsocketPolicyClient(url, max_retries=1, sleep=lambda _s: None)
+        client = WebsocketConnection(url, max_retries=1, sleep=lambda _s: None)
         with pytest.raises(PolicyServerUnavailable, match=r"2 attempt.*connection closed"):
-            client.generate({"step": 0})
+            client.infer({"step": 0})
     with pytest.raises(PolicyServerUnavailable, match="connection failed"):
-        client.generate({"step": 0})  # nothing listens any more
+        client.infer({"step": 0})  # nothing listens any more
     assert not client.health()
 
 
 def test_bad_urls_are_refused():
     with pytest.raises(ValueError, match="http://HOST:PORT"):
-        WebsocketPolicyClient("127.0.0.1:8000")
+        WebsocketConnection("127.0.0.1:8000")

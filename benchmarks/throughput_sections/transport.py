@@ -33,13 +33,15 @@ def _transport_costs(
     from libero_eval.policy import codec
     from libero_eval.policy.actions import preprocess_observation_image
     from libero_eval.policy.adapters import make_adapter
-    from libero_eval.policy.client import PolicyClient
+    from libero_eval.policy.client import HttpConnection
     from libero_eval.reference.requests import decode_body, parse_generation_request
     from libero_eval.reference.responses import generation_envelope
     from libero_eval.reference.settings import ReferenceServerSettings
 
     adapter = make_adapter("cosmos3", {**policy, "transport": transport})
-    client = PolicyClient("http://127.0.0.1:9", transport=transport)
+    client = HttpConnection(
+        "http://127.0.0.1:9", wire_format="msgpack" if transport == "msgpack" else "json"
+    )
     server_settings = ReferenceServerSettings(action_stats_path=STATS, max_batch_size=64)
     observations = [observation] * batch
     payload = adapter.build_request(observations, request_id="bench")

@@ -22,7 +22,6 @@ SUITE_NUM_TASKS = {
     "libero_10": 10,
     "libero_90": 90,
 }
-NUM_INIT_STATES = 50
 
 
 @dataclass(frozen=True, order=True)

@@ -59,13 +59,12 @@ class ParentWatch:
         self._poll_s = poll_s
         self._fired = threading.Event()
         self._stopped = threading.Event()
-        self.pdeathsig_armed = False
 
     def parent_gone(self) -> bool:
         return os.getppid() != self.original_ppid
 
     def start(self) -> ParentWatch:
-        self.pdeathsig_armed = set_parent_death_signal(signal.SIGTERM)
+        set_parent_death_signal(signal.SIGTERM)
         thread = threading.Thread(target=self._run, name="parent-watch", daemon=True)
         thread.start()
         return self

@@ -102,10 +102,6 @@ def tasks(suite: str) -> list[TaskEntry]:
     ]
 
 
-def num_tasks(suite: str) -> int:
-    return len(tasks(suite))
-
-
 def base_suite(suite: str) -> str | None:
     """The LIBERO suite a suite perturbs (itself for a clean suite), or None."""
     for clean in sorted(CLEAN_SUITES, key=len, reverse=True):

@@ -1,4 +1,4 @@
-"""Websocket policy client: openpi's protocol (msgpack with numpy arrays, one frame per request).
+"""Websocket policy connection: openpi's protocol (msgpack with numpy arrays, a frame a request).
 
 The protocol of ``openpi_client.websocket_client_policy`` and openpi's
 ``serving/websocket_policy_server.py``, which SGLang 0.5.23 also speaks at ``/openpi/policy``
@@ -12,8 +12,9 @@ We use the ``websockets`` package directly rather than ``openpi-client``: openpi
 pins ``numpy<2`` while LIBERO's stack here needs numpy 2, and this client adds what the
 workflow needs (timeouts, reconnect-and-retry, readiness, errors that name the fix).
 
-One connection serves one request at a time: use one client per thread, as with
-:class:`~libero_eval.policy.client.PolicyClient`, whose interface this class shares.
+One connection serves one request at a time: use one per thread, as with
+:class:`~libero_eval.policy.client.HttpConnection`; both implement
+:class:`~libero_eval.policy.connection.PolicyConnection`.
 """
 
 from __future__ import annotations
@@ -24,23 +25,18 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-import requests
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
 from libero_eval.policy import codec
-from libero_eval.policy.client import (
-    PolicyRequestRejected,
-    PolicyResponseError,
-    PolicyServerUnavailable,
-    _is_loopback,
-)
+from libero_eval.policy.connection_base import ConnectionBase, RetryableFailure
+from libero_eval.policy.errors import PolicyRequestRejected, PolicyResponseError
 
 
-class WebsocketPolicyClient:
+class WebsocketConnection(ConnectionBase):
     """Talks to one websocket policy server at ``base_url`` (``http://HOST:PORT``) + ``path``.
 
-    ``generate`` sends one request and returns the decoded answer. Connection failures,
+    :meth:`infer` sends one request and returns the decoded answer. Connection failures,
     timeouts and connections closed before an answer are retried ``max_retries`` times on a
     fresh connection (linear backoff); an error frame from the server is not retried (the
     server rejected this request) and raises :class:`PolicyRequestRejected`.
@@ -57,33 +53,22 @@ class WebsocketPolicyClient:
         *,
         sleep: Callable[[float], None] = time.sleep,
     ):
+        super().__init__(
+            base_url,
+            timeout_s,
+            max_retries,
+            retry_backoff_s,
+            health_path,
+            sleep,
+            schemes=("http", "https", "ws", "wss"),
+        )
         parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https", "ws", "wss") or not parts.hostname:
-            raise ValueError(
-                f"policy server URL {base_url!r} must look like http://HOST:PORT "
-                "(check the server slot's host and port)"
-            )
-        if not timeout_s > 0:
-            raise ValueError(f"policy client timeout_s must be > 0, got {timeout_s}")
-        if not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"policy client max_retries must be an int >= 0, got {max_retries}")
         http_scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
         ws_scheme = "wss" if http_scheme == "https" else "ws"
         self.base_url = urlunsplit((http_scheme, parts.netloc, "", "", "")).rstrip("/")
         self.ws_url = urlunsplit((ws_scheme, parts.netloc, path or "/", "", ""))
-        self.health_path = health_path
-        self.timeout_s = float(timeout_s)
-        self.max_retries = max_retries
-        self.retry_backoff_s = float(retry_backoff_s)
         self.server_metadata: dict[str, Any] | None = None
-        self.last_latency_s: float | None = None
-        self.last_attempts = 0
-        self._sleep = sleep
         self._ws: ClientConnection | None = None
-        self._session = requests.Session()
-        self._proxies = {"http": None, "https": None} if _is_loopback(parts.hostname) else None
-        if self._proxies is not None:
-            self._session.trust_env = False
 
     # ---------------------------------------------------------------- connection
 
@@ -113,13 +98,7 @@ class WebsocketPolicyClient:
 
     def close(self) -> None:
         self._drop()
-        self._session.close()
-
-    def __enter__(self) -> WebsocketPolicyClient:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
+        super().close()
 
     def _decode(self, frame: bytes | str, what: str) -> dict[str, Any]:
         if isinstance(frame, str):  # openpi's server sends its traceback as a text frame
@@ -150,41 +129,11 @@ class WebsocketPolicyClient:
             )
         return decoded
 
-    # ---------------------------------------------------------------- readiness and metadata
-
-    def health(self) -> bool:
-        """True when ``GET <health_path>`` answers 200 (SGLang ``/health``, openpi ``/healthz``)."""
-        try:
-            response = self._session.get(
-                self.base_url + self.health_path,
-                timeout=min(self.timeout_s, 5.0),
-                proxies=self._proxies,
-            )
-        except requests.RequestException:
-            return False
-        return response.status_code == 200
-
-    def wait_until_healthy(
-        self, deadline_s: float, poll_s: float = 1.0, is_alive: Callable[[], bool] | None = None
-    ) -> None:
-        start = time.monotonic()
-        while not self.health():
-            if is_alive is not None and not is_alive():
-                raise PolicyServerUnavailable(
-                    f"policy server {self.base_url} exited before {self.health_path} answered "
-                    "200; read the server log"
-                )
-            elapsed = time.monotonic() - start
-            if elapsed >= deadline_s:
-                raise PolicyServerUnavailable(
-                    f"policy server {self.base_url}{self.health_path} did not answer 200 within "
-                    f"{deadline_s:g} s; check the server log, or raise server.health_timeout_s"
-                )
-            time.sleep(max(0.0, min(poll_s, deadline_s - elapsed)))
+    # ---------------------------------------------------------------- metadata
 
     def metadata(self) -> dict[str, Any]:
         """The metadata frame the server sends on connect."""
-        self._with_retries(self._connect)
+        self._exchange(self._connect)
         assert self.server_metadata is not None
         return self.server_metadata
 
@@ -194,7 +143,7 @@ class WebsocketPolicyClient:
 
     # ---------------------------------------------------------------- generation
 
-    def generate(self, payload: dict[str, Any]) -> dict[str, Any]:
+    def infer(self, payload: dict[str, Any]) -> dict[str, Any]:
         """Send ``payload`` as one msgpack frame and return the decoded answer."""
         try:
             frame = codec.pack(payload)
@@ -206,35 +155,28 @@ class WebsocketPolicyClient:
             ws.send(frame)
             return self._decode(ws.recv(timeout=self.timeout_s), "answer")
 
-        return self._with_retries(exchange)
+        return self._exchange(exchange)
 
-    def _with_retries(self, attempt_once: Callable[[], Any]) -> Any:
-        attempts = self.max_retries + 1
-        last_error = ""
-        for attempt in range(1, attempts + 1):
-            started = time.monotonic()
+    def _exchange(self, attempt_once: Callable[[], Any]) -> Any:
+        def attempt() -> Any:
             try:
-                result = attempt_once()
+                return attempt_once()
             except PolicyRequestRejected:
                 self._drop()  # the server closes the connection after an error frame
                 raise
-            except TimeoutError:
-                last_error = f"no answer within {self.timeout_s:g} s"
+            except TimeoutError as exc:
+                raise RetryableFailure(f"no answer within {self.timeout_s:g} s") from exc
             except ConnectionClosed as exc:
                 close = f"code {exc.rcvd.code}: {exc.rcvd.reason}" if exc.rcvd else "no close frame"
-                last_error = f"connection closed before the answer ({close})"
+                raise RetryableFailure(f"connection closed before the answer ({close})") from exc
             except (OSError, InvalidHandshake, InvalidURI) as exc:
-                last_error = f"connection failed: {exc}"
-            else:
-                self.last_latency_s = time.monotonic() - started
-                self.last_attempts = attempt
-                return result
-            self._drop()
-            if attempt < attempts:
-                self._sleep(attempt * self.retry_backoff_s)
-        self.last_attempts = attempts
-        raise PolicyServerUnavailable(
-            f"websocket {self.ws_url} failed after {attempts} attempt(s) "
-            f"(max_retries={self.max_retries}); last error: {last_error}. Check that the policy "
-            "server is up (its log) and that policy.pi05.api matches it"
-        )
+                raise RetryableFailure(f"connection failed: {exc}") from exc
+
+        def failed(attempts: int, last_error: str) -> str:
+            return (
+                f"websocket {self.ws_url} failed after {attempts} attempt(s) "
+                f"(max_retries={self.max_retries}); last error: {last_error}. Check that the "
+                "policy server is up (its log) and that policy.pi05.api matches it"
+            )
+
+        return self._with_retries(attempt, failed, on_failure=self._drop)

@@ -1,7 +1,8 @@
 """One LIBERO env: reset to an init state, run the protocol's steps, render only on demand.
 
 `LiberoEpisodeEnv` runs in-process (tests use it directly); `EnvWorker` runs one of them in
-a child process and talks to it over a pipe.
+a child process and talks to it over a pipe: a `Command` with its payload one way, a `Reply`
+(`Status` and result) the other.
 
 Render on demand: robosuite samples a camera observable at the FIRST physics substep of a
 control step, and keeps a sampling clock per observable. We leave the camera observables
@@ -20,13 +21,14 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import time
 import traceback
 from dataclasses import dataclass, field
-from typing import Any
+from enum import StrEnum
+from typing import Any, NamedTuple
 
 import numpy as np
 
+from libero_eval.faults import FaultyEnv
 from libero_eval.policy.adapters.base import Observation
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.suites import instruction
@@ -58,7 +60,7 @@ class EpisodeSpec:
     suite: str
     task_id: int
     init_state_id: int
-    fault: str | None = None  # fault injection only (libero_eval.faults): "crash" or "raise"
+    fault: str | None = None  # fault injection only (libero_eval.faults.FaultyEnv)
 
 
 @dataclass
@@ -67,8 +69,28 @@ class EpisodeOutcome:
     success_at_end: bool
     first_success_step: int | None
     steps: int
-    env_wall_s: float
     frames: list[np.ndarray] = field(default_factory=list)
+
+
+class Command(StrEnum):
+    """What the shard asks of an env worker (payload: `EpisodeSpec`, an action chunk, None)."""
+
+    START = "start"
+    CHUNK = "chunk"
+    CLOSE = "close"
+
+
+class Status(StrEnum):
+    """How an env worker's command ended."""
+
+    OK = "ok"  # result: the next `Observation`, or the `EpisodeOutcome`
+    ERROR = "error"  # result: the env's error and traceback
+    DIED = "died"  # result: what happened to the process (set by the shard's side)
+
+
+class Reply(NamedTuple):
+    status: Status
+    result: Any
 
 
 class _RenderSwitch:
@@ -182,7 +204,6 @@ class LiberoEpisodeEnv:
         self._success_once = False
         self._first_success: int | None = None
         self._last_success = False
-        self._t0 = 0.0
         self._frames: list[np.ndarray] = []
 
     # -- env lifecycle -------------------------------------------------------------------------
@@ -298,7 +319,6 @@ class LiberoEpisodeEnv:
 
     def start_episode(self, spec: EpisodeSpec) -> Observation:
         """Reset to the spec's init state, run the settle steps, return the first query."""
-        self._t0 = time.perf_counter()
         self._load(spec.suite, spec.task_id)
         self._episode = spec
         self._policy_steps = 0
@@ -414,7 +434,6 @@ class LiberoEpisodeEnv:
             success_at_end=self._last_success,
             first_success_step=self._first_success,
             steps=self._counted(self._policy_steps),
-            env_wall_s=time.perf_counter() - self._t0,
             frames=self._frames,
         )
         self._episode = None
@@ -437,33 +456,36 @@ class LiberoEpisodeEnv:
 
 # -- worker process ----------------------------------------------------------------------------
 def _worker_main(
-    conn, settings: EnvSettings, protocol: EpisodeProtocol, name: str = "libero-env"
+    conn,
+    settings: EnvSettings,
+    protocol: EpisodeProtocol,
+    name: str = "libero-env",
+    inject_faults: bool = False,
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     _exit_with_parent(name)
-    env = LiberoEpisodeEnv(settings, protocol)
+    env: Any = LiberoEpisodeEnv(settings, protocol)
+    if inject_faults:  # an EpisodeSpec's fault fails its start (libero_eval.faults)
+        env = FaultyEnv(env)
     while True:
         try:
             command, payload = conn.recv()
         except (EOFError, KeyboardInterrupt):
             break
-        if command == "close":
+        if command == Command.CLOSE:
             break
         try:
-            if command == "start":
-                if payload.fault == "raise":
-                    raise RuntimeError("injected env error (LIBERO_EVAL_FAULT)")
+            if command == Command.START:
                 result: Any = env.start_episode(payload)
-                if payload.fault == "crash":
-                    os.kill(os.getpid(), signal.SIGKILL)
-            elif command == "chunk":
+            elif command == Command.CHUNK:
                 result = env.step_chunk(payload)
             else:
                 raise ValueError(f"unknown worker command {command!r}")
-            conn.send(("ok", result))
+            conn.send(Reply(Status.OK, result))
         except Exception as exc:  # noqa: BLE001 - reported to the shard as the episode's error
             env.close()  # a failed env may be in any state: rebuild it for the next episode
-            conn.send(("error", f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"))
+            error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
+            conn.send(Reply(Status.ERROR, error))
     env.close()
 
 
@@ -486,10 +508,17 @@ def _exit_with_parent(name: str) -> None:
 class EnvWorker:
     """A LiberoEpisodeEnv in a child process; requests are asynchronous (send, then poll)."""
 
-    def __init__(self, index: int, settings: EnvSettings, protocol: EpisodeProtocol):
+    def __init__(
+        self,
+        index: int,
+        settings: EnvSettings,
+        protocol: EpisodeProtocol,
+        inject_faults: bool = False,
+    ):
         self.index = index
         self.settings = settings
         self.protocol = protocol
+        self.inject_faults = inject_faults
         self.conn = None
         self.process = None
         self.busy = False
@@ -500,7 +529,13 @@ class EnvWorker:
         parent_conn, child_conn = ctx.Pipe()
         self.process = ctx.Process(
             target=_worker_main,
-            args=(child_conn, self.settings, self.protocol, f"libero-env-{self.index}"),
+            args=(
+                child_conn,
+                self.settings,
+                self.protocol,
+                f"libero-env-{self.index}",
+                self.inject_faults,
+            ),
             name=f"libero-env-{self.index}",
             daemon=True,
         )
@@ -509,19 +544,20 @@ class EnvWorker:
         self.conn = parent_conn
         self.busy = False
 
-    def send(self, command: str, payload: Any) -> None:
-        self.conn.send((command, payload))
+    def send(self, command: Command, payload: Any) -> None:
+        self.conn.send((Command(command), payload))
         self.busy = True
 
-    def receive(self) -> tuple[str, Any]:
-        """The worker's reply; ("died", message) if the process is gone."""
+    def receive(self) -> Reply:
+        """The worker's reply; `Status.DIED` with a message if the process is gone."""
         try:
-            status, result = self.conn.recv()
+            reply = Reply(*self.conn.recv())
         except (EOFError, OSError):
             self.process.join(timeout=5)
-            status, result = "died", f"env worker process died (exit code {self.process.exitcode})"
+            exit_code = self.process.exitcode
+            reply = Reply(Status.DIED, f"env worker process died (exit code {exit_code})")
         self.busy = False
-        return status, result
+        return reply
 
     def restart(self) -> None:
         self.stop()
@@ -542,7 +578,7 @@ class EnvWorker:
             return
         try:
             if self.process.is_alive():
-                self.conn.send(("close", None))
+                self.conn.send((Command.CLOSE, None))
                 self.process.join(timeout=10)
         except (OSError, BrokenPipeError):
             pass

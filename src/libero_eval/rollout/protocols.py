@@ -38,7 +38,6 @@ REFERENCE_MAX_STEPS = {
     "libero_10": 520,
     "libero_90": 400,
 }
-SUITE_MAX_STEPS = REFERENCE_MAX_STEPS  # the name earlier code imports
 
 # RLinf: libero_spatial 480 from its Cosmos3 SGLang evaluation config; the other suites take the
 # longer limit of RLinf's LIBERO evaluation guide and configs (docs/protocols.md cites each).

@@ -2,7 +2,7 @@
 
 The loop keeps every env busy: a worker that is waiting for actions holds a ready
 observation; ready observations are grouped by prompt (the server rejects mixed prompts in a
-batch), cut to the server's max batch size and sent on a small pool of HTTP threads; while a
+batch), cut to the server's max batch size and sent on a small pool of policy threads; while a
 request is in flight the other workers keep stepping. Each finished episode is written to the
 episode store at once, so a killed shard loses only the episodes in flight. Which episode a
 worker runs next, and the shard's counts, are kept by `scheduler.EpisodeScheduler`; this
@@ -28,25 +28,35 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from libero_eval.eventlog import episode_line, log_event
-from libero_eval.faults import Faults, active_faults
+from libero_eval.faults import NO_FAULTS, Faults, NoFaults, active_faults, fault_hooks
 from libero_eval.plan import Episode
 from libero_eval.policy.adapters import make_adapter
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
-from libero_eval.policy.client import (
-    PolicyClient,
+from libero_eval.policy.connection import (
+    ConnectionSpec,
+    PolicyConnection,
+    connect,
+    policy_connection_spec,
+)
+from libero_eval.policy.errors import (
     PolicyClientError,
     PolicyRequestRejected,
     PolicyResponseError,
     PolicyServerUnavailable,
 )
-from libero_eval.policy.transport import make_client
-from libero_eval.policy.ws_client import WebsocketPolicyClient
-from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeOutcome, EpisodeSpec
+from libero_eval.rollout.env_worker import (
+    Command,
+    EnvSettings,
+    EnvWorker,
+    EpisodeOutcome,
+    EpisodeSpec,
+    Status,
+)
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.rollout.scheduler import EpisodeScheduler, RunningEpisode
 from libero_eval.store import EpisodeStore, write_results
@@ -146,7 +156,16 @@ def _save_video(frames: list[np.ndarray], video_dir: Path, episode: Episode, suc
     return str(path)
 
 
-class _HttpPool:
+class _Answer(NamedTuple):
+    """A policy call's outcome: `Status.OK` with the actions, or `Status.ERROR` with the
+    exception; its wall time."""
+
+    status: Status
+    value: Any
+    latency_s: float
+
+
+class _CallPool:
     """A few daemon threads running policy calls.
 
     Daemon threads, unlike ThreadPoolExecutor's, never hold up the exit of a failing shard
@@ -251,46 +270,50 @@ class ShardRunner:
     ):
         self.settings = settings
         self.faults = faults
+        self._faults: NoFaults = NO_FAULTS  # the hooks of a run (libero_eval.faults)
         self.max_batch_size = max_batch_size
         self.store = store
         self.url = server_url
         self.adapter = adapter or make_adapter(settings.policy_family, settings.policy_settings)
         self.progress = progress
+        self._spec: ConnectionSpec = policy_connection_spec(
+            server_url, settings.policy_family, settings.policy_settings
+        )
         self._local = threading.local()
-        self._clients: list[PolicyClient | WebsocketPolicyClient] = []
-        self._clients_lock = threading.Lock()
+        self._connections: list[PolicyConnection] = []
+        self._connections_lock = threading.Lock()
         self._done_queue: queue.Queue = queue.Queue()
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
 
-    # -- policy calls (on HTTP threads) ----------------------------------------------------------
-    def _client(self) -> PolicyClient | WebsocketPolicyClient:
-        client = getattr(self._local, "client", None)
-        if client is None:
+    # -- policy calls (on policy threads) --------------------------------------------------------
+    def _connection(self) -> PolicyConnection:
+        """This thread's connection to the server (one request at a time each)."""
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
             c = self.settings.client
-            client = make_client(
-                self.url,
-                self.adapter,
+            connection = connect(
+                self._spec,
                 timeout_s=c.timeout_s,
                 max_retries=c.max_retries,
                 retry_backoff_s=c.retry_backoff_s,
             )
-            self._local.client = client
-            with self._clients_lock:
-                self._clients.append(client)
-        return client
+            self._local.connection = connection
+            with self._connections_lock:
+                self._connections.append(connection)
+        return connection
 
     def _call_policy(self, batch: list[tuple[int, Observation]]) -> None:
         observations = [obs for _, obs in batch]
         started = time.monotonic()
         try:
             payload = self.adapter.build_request(observations, request_id=uuid.uuid4().hex)
-            response = self._client().generate(payload)
+            response = self._connection().infer(payload)
             actions = self.adapter.parse_response(response, len(observations))
-            result: Any = ("ok", actions, time.monotonic() - started)
+            answer = _Answer(Status.OK, actions, time.monotonic() - started)
         except Exception as exc:  # noqa: BLE001 - handed to the main loop to decide
-            result = ("error", exc, time.monotonic() - started)
-        self._done_queue.put((batch, result))
+            answer = _Answer(Status.ERROR, exc, time.monotonic() - started)
+        self._done_queue.put((batch, answer))
         self._wake_writer.send(b"x")
 
     # -- main loop -----------------------------------------------------------------------------
@@ -317,8 +340,10 @@ class ShardRunner:
 
     def _run_pending(self, pending: list[Episode], done_before: int, total: int) -> None:
         s = self.settings
+        self._faults = fault_hooks(self.faults)
         workers = [
-            EnvWorker(i, s.env, s.protocol) for i in range(min(s.envs_per_shard, len(pending)))
+            EnvWorker(i, s.env, s.protocol, inject_faults=self._faults.injects_env_faults)
+            for i in range(min(s.envs_per_shard, len(pending)))
         ]
         groups = max(1, min(s.max_inflight_requests, len(workers)))
         # the state of this run, shared by the loop's steps below
@@ -328,11 +353,10 @@ class ShardRunner:
         )
         self._batches = _Batches(groups, s.batch_timeout_s)
         self._bad_in_a_row = 0  # consecutive unusable policy answers
-        self._nan_chunk_for: set[int] = set()  # workers whose next chunk a fault turns into NaN
         # enough threads for every env's request in flight when the server takes one
         # observation per request (π0.5: throughput comes from requests in flight)
         per_request = -(-len(workers) // max(1, self.max_batch_size))
-        pool = _HttpPool(max(4, s.max_inflight_requests, per_request), self._call_policy)
+        pool = _CallPool(max(4, s.max_inflight_requests, per_request), self._call_policy)
         fatal: BaseException | None = None
         try:
             for worker in workers:
@@ -356,8 +380,8 @@ class ShardRunner:
                 else:  # a failing shard loses its in-flight episodes anyway: don't wait
                     worker.kill()
             if fatal is None:
-                for client in self._clients:
-                    client.close()
+                for connection in self._connections:
+                    connection.close()
 
     def _start(self, worker: EnvWorker, episode: Episode) -> None:
         self._send_start(worker, self._scheduler.start(worker.index, episode))
@@ -365,17 +389,11 @@ class ShardRunner:
     def _send_start(self, worker: EnvWorker, running: RunningEpisode) -> None:
         """Send `worker` the episode it now runs, with any fault injected at its start."""
         episode = running.episode
-        spec = EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id)
-        faults = self.faults
-        if faults is not None and running.attempt == 1:
-            starts = self._scheduler.first_attempts
-            if starts == faults.crash_env_at_episode:
-                spec.fault = "crash"
-            elif starts == faults.raise_env_at_episode:
-                spec.fault = "raise"
-            elif starts == faults.nan_action_at_episode:
-                self._nan_chunk_for.add(worker.index)
-        worker.send("start", spec)
+        fault = self._faults.env_fault(
+            worker.index, self._scheduler.first_attempts, running.attempt
+        )
+        spec = EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id, fault)
+        worker.send(Command.START, spec)
 
     def _finish(self, worker: EnvWorker, record: dict[str, Any]) -> None:
         """Store and log `worker`'s finished episode, then start its next one."""
@@ -393,8 +411,7 @@ class ShardRunner:
             line += f", error={record['error'].splitlines()[0]}"
         log_event(s.event_log, f"rollout {s.shard}", line)
         following = self._scheduler.finish(worker.index, record["success_once"])
-        if self.faults is not None:
-            self.faults.after_episode_persisted(s.shard, self._scheduler.finished_here)
+        self._faults.after_episode_persisted(s.shard, self._scheduler.finished_here)
         if following is not None:
             self._start(worker, following)
 
@@ -407,7 +424,7 @@ class ShardRunner:
         s = self.settings
         status, result = worker.receive()
         info = self._scheduler.running_on(worker.index)
-        if status == "died":
+        if status == Status.DIED:
             worker.restart()
             retry = self._scheduler.retry(worker.index)
             if retry is None:
@@ -415,7 +432,7 @@ class ShardRunner:
             else:
                 print(f"[{s.shard}] {result}; retrying {info.episode.key}", file=sys.stderr)
                 self._send_start(worker, retry)
-        elif status == "error":
+        elif status == Status.ERROR:
             self._fail(worker, result)
         elif isinstance(result, EpisodeOutcome):
             video = None
@@ -443,7 +460,7 @@ class ShardRunner:
             for position, (index, _obs) in enumerate(batch):
                 worker = self._workers[index]
                 self._scheduler.running_on(index).latencies.append(latency)
-                if status == "error":
+                if status == Status.ERROR:
                     kind = (
                         "bad policy response"
                         if isinstance(value, PolicyResponseError)
@@ -451,19 +468,17 @@ class ShardRunner:
                     )
                     self._fail(worker, f"{kind}: {value}")
                 else:
-                    chunk = value[position]
-                    if index in self._nan_chunk_for:
-                        self._nan_chunk_for.discard(index)
-                        chunk = np.full_like(np.asarray(chunk, dtype=float), np.nan)
-                    worker.send("chunk", chunk)
+                    worker.send(Command.CHUNK, self._faults.chunk(index, value[position]))
 
-    def _check_server(self, status: str, value: Any) -> None:
+    def _check_server(self, status: Status, value: Any) -> None:
         """Fail the shard on a server that is gone, rejects requests, or keeps answering
         garbage; an unusable answer alone fails only its episodes."""
         s = self.settings
-        if status == "error" and isinstance(value, PolicyRequestRejected | PolicyServerUnavailable):
+        if status == Status.ERROR and isinstance(
+            value, PolicyRequestRejected | PolicyServerUnavailable
+        ):
             raise ShardFailed(f"{s.shard}: policy server {self.url} failed: {value}") from value
-        if status == "error" and isinstance(value, PolicyResponseError):
+        if status == Status.ERROR and isinstance(value, PolicyResponseError):
             self._bad_in_a_row += 1
             if self._bad_in_a_row >= s.max_consecutive_bad_responses:
                 raise ShardFailed(
@@ -472,10 +487,10 @@ class ShardRunner:
                     "URL points at a policy server of the configured family "
                     "(policy.family) and read its log"
                 ) from value
-        elif status == "ok":
+        elif status == Status.OK:
             self._bad_in_a_row = 0
 
-    def _send_due_batches(self, pool: _HttpPool) -> None:
+    def _send_due_batches(self, pool: _CallPool) -> None:
         """Send the ready observations of each env group that is due (see `_Batches`)."""
         now = time.monotonic()
         for group in range(self._batches.groups):
@@ -518,9 +533,8 @@ def run_shard(
     max_batch = 1
     adapter = make_adapter(settings.policy_family, settings.policy_settings)
     if pending:
-        probe = make_client(
-            server_url,
-            adapter,
+        probe = connect(
+            policy_connection_spec(server_url, settings.policy_family, settings.policy_settings),
             timeout_s=min(30.0, settings.client.timeout_s),
             max_retries=settings.client.max_retries,
             retry_backoff_s=settings.client.retry_backoff_s,

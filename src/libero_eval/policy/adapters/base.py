@@ -9,6 +9,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from libero_eval.policy.errors import PolicyResponseError
+
 
 @dataclass
 class Observation:
@@ -26,26 +28,17 @@ class Observation:
 class PolicyAdapter(ABC):
     """Translate between LIBERO observations/actions and one model family's request format.
 
-    Adapters are pure: no HTTP. The client encodes the payload (numpy arrays stay arrays until
-    the client serializes them) and the runner batches observations with equal ``prompt_key``.
+    Adapters are pure: no transport. A ``PolicyConnection`` (``libero_eval.policy.connection``)
+    encodes and sends the payload (numpy arrays stay arrays until it serializes them) and the
+    runner batches observations with equal ``prompt_key``.
     """
 
     family: ClassVar[str]
-    #: body encoding the client must use for this adapter's payloads: "msgpack" or "json"
-    wire_format: str = "msgpack"
-    #: "http" (POST /v1/actions/generations) or "websocket" (one msgpack frame per request)
-    connection: str = "http"
-    #: websocket path on the server (connection "websocket" only)
-    websocket_path: str = ""
-    #: readiness path answered with HTTP 200 ("/health" for SGLang, "/healthz" for openpi)
-    health_path: str = "/health"
 
     def check_server_metadata(self, metadata: dict[str, Any]) -> None:
         """Raise ``PolicyResponseError`` when the server's metadata shows another family."""
         served = metadata.get("policy_family") if isinstance(metadata, dict) else None
         if served is not None and served != self.family:
-            from libero_eval.policy.client import PolicyResponseError
-
             raise PolicyResponseError(
                 f"the policy server serves family {served!r} but policy.family is "
                 f"{self.family!r}; point the run at a {self.family} server or set policy.family"
@@ -74,7 +67,3 @@ class PolicyAdapter(ABC):
         """The family's `policy.*` settings that can change an episode's outcome (transport and
         timeouts left out), with the statistics file as its sha256: the policy's part of the
         rollout fingerprint (`libero_eval.config`)."""
-
-    @abstractmethod
-    def settings_summary(self) -> dict[str, Any]:
-        """JSON-serializable settings for provenance records."""

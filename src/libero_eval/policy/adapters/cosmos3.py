@@ -32,7 +32,7 @@ from PIL import Image
 
 from libero_eval.policy import actions as action_math
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
-from libero_eval.policy.client import PolicyResponseError
+from libero_eval.policy.errors import PolicyResponseError
 
 REQUIRED_SETTINGS = (
     "action_mode",
@@ -163,9 +163,9 @@ class Cosmos3Adapter(PolicyAdapter):
         self.normalization = _setting_str(settings, "normalization")
         self.gripper_mapping = _setting_str(settings, "gripper_mapping")
         self.orthonormalization = _setting_str(settings, "orthonormalization")
-        self.transport = _setting_str(settings, "transport")
+        # policy.transport png_base64: a JSON body with PNG images; msgpack: numpy arrays
+        self.json_body = _setting_str(settings, "transport") == "png_base64"
         self.response_format = _setting_str(settings, "response_format")
-        self.wire_format = "msgpack" if self.transport == "msgpack" else "json"
         stats_path = settings["action_stats_path"]
         if not isinstance(stats_path, str | Path) or not str(stats_path):
             raise ValueError(f"policy.action_stats_path must be a file path, got {stats_path!r}")
@@ -222,9 +222,7 @@ class Cosmos3Adapter(PolicyAdapter):
             for obs in observations
         ]
         references: list[Any] = (
-            images
-            if self.transport == "msgpack"
-            else [{"b64_json": _png_base64(image)} for image in images]
+            [{"b64_json": _png_base64(image)} for image in images] if self.json_body else images
         )
         input_block: dict[str, Any] = {
             "prompt": prompts[0] if len(set(prompts)) == 1 else prompts,
@@ -244,7 +242,7 @@ class Cosmos3Adapter(PolicyAdapter):
             "parameters": self.parameters(),
             "runtime": {
                 "response_format": self.response_format,
-                "output_format": "numpy" if self.transport == "msgpack" else "list",
+                "output_format": "list" if self.json_body else "numpy",
             },
         }
 
@@ -353,23 +351,3 @@ class Cosmos3Adapter(PolicyAdapter):
                     f"Cosmos3 response action for input {index} is invalid: {exc}"
                 ) from exc
         return result
-
-    # ---------------------------------------------------------------- provenance
-
-    def settings_summary(self) -> dict[str, Any]:
-        return {
-            "family": self.family,
-            "parameters": self.parameters(),
-            "num_action_chunks": self.num_action_chunks,
-            "action_dim": self.action_dim,
-            "size": f"{self.width}x{self.height}",
-            "normalization": self.normalization,
-            "action_stats_path": str(self.stats.source),
-            "action_stats_block": self.stats.block,
-            "action_stats_sha256": self.stats_sha256,
-            "gripper_mapping": self.gripper_mapping,
-            "orthonormalization": self.orthonormalization,
-            "transport": self.transport,
-            "response_format": self.response_format,
-            "prompt_suffix": action_math.PROMPT_VIEW_SUFFIX,
-        }

@@ -1,21 +1,26 @@
 """π0.5 adapter: openpi's LIBERO transforms on the client, three ways to reach a server.
 
-``policy.pi05.api`` picks the server and where the transforms run:
+``policy.pi05.api`` picks the server and where the transforms run, and with it the adapter
+class (``Pi05Adapter(settings)`` builds it; :data:`API_ADAPTERS`):
 
-- ``sglang_http``: SGLang 0.5.23 ``POST /v1/actions/generations`` (``Pi05Pipeline``). The body is
-  SGLang's envelope ``{"request_id", "input": {"prompt", "observation": {"images",
-  "image_masks", "state"}}, "parameters": {"action_horizon", "action_dim",
-  "num_inference_steps"}, "runtime"}`` (``entrypoints/action/protocol.py``
-  ``_action_request_to_observation`` / ``_build_action_model_sampling_params``).
-- ``sglang_websocket``: SGLang's ``/openpi/policy`` websocket (``entrypoints/action/openpi.py``):
-  the same observation as one flat msgpack map, ``actions`` back as a numpy array.
-- ``openpi_websocket``: openpi's own ``scripts/serve_policy.py``: the raw observation
-  (``observation/image``, ``observation/wrist_image``, ``observation/state`` (8), ``prompt``)
-  as ``examples/libero/main.py`` sends it; the server normalizes and answers ``actions`` [N, 7].
+- ``sglang_http`` (:class:`Pi05SglangHttpAdapter`): SGLang 0.5.23
+  ``POST /v1/actions/generations`` (``Pi05Pipeline``). The body is SGLang's envelope
+  ``{"request_id", "input": {"prompt", "observation": {"images", "image_masks", "state"}},
+  "parameters": {"action_horizon", "action_dim", "num_inference_steps"}, "runtime"}``
+  (``entrypoints/action/protocol.py`` ``_action_request_to_observation`` /
+  ``_build_action_model_sampling_params``).
+- ``sglang_websocket`` (:class:`Pi05SglangWebsocketAdapter`): SGLang's ``/openpi/policy``
+  websocket (``entrypoints/action/openpi.py``): the same observation as one flat msgpack map,
+  ``actions`` back as a numpy array.
+- ``openpi_websocket`` (:class:`Pi05OpenpiServerAdapter`): openpi's own
+  ``scripts/serve_policy.py``: the raw observation (``observation/image``,
+  ``observation/wrist_image``, ``observation/state`` (8), ``prompt``) as
+  ``examples/libero/main.py`` sends it; the server normalizes and answers ``actions`` [N, 7].
 
-With SGLang the client does what the checkpoint's own training pipeline did before the model
-(SGLang normalizes nothing), and the checkpoint decides how (``policy/pi05_checkpoint.py``
-reads its ``config.json`` as SGLang does; ``docs/pi05.md`` cites every value):
+With SGLang (:class:`Pi05SglangAdapter`, the base of both SGLang classes) the client does what
+the checkpoint's own training pipeline did before the model (SGLang normalizes nothing), and
+the checkpoint decides how (``policy/pi05_checkpoint.py`` reads its ``config.json`` as SGLang
+does; ``docs/pi05.md`` cites every value):
 
 - **LeRobot lineage**: the checkpoint's camera names (``image`` = agentview, ``image2`` =
   wrist), each frame rotated 180 degrees (LeRobot's ``LiberoProcessorStep``) and sent as
@@ -40,6 +45,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+from abc import abstractmethod
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -49,7 +55,7 @@ from PIL import Image
 from libero_eval.policy import openpi_transforms as T
 from libero_eval.policy import paligemma
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
-from libero_eval.policy.client import PolicyResponseError
+from libero_eval.policy.errors import PolicyResponseError
 from libero_eval.policy.pi05_checkpoint import Pi05Layout, read_checkpoint
 
 APIS = ("sglang_http", "sglang_websocket", "openpi_websocket")
@@ -151,9 +157,18 @@ def _same_path(a: str | Path, b: str | Path) -> bool:
 
 
 class Pi05Adapter(PolicyAdapter):
-    """π0.5 on LIBERO by its checkpoint's lineage (see the module docstring)."""
+    """π0.5 on LIBERO: what every ``policy.pi05.api`` shares (settings, the robot state, the
+    answer's action chunk, the fingerprint).
+
+    ``Pi05Adapter(settings)`` builds the class of ``policy.pi05.api``: :data:`API_ADAPTERS`.
+    """
 
     family: ClassVar[str] = "pi05"
+
+    def __new__(cls, settings: dict[str, Any]) -> Pi05Adapter:
+        if cls is Pi05Adapter:
+            cls = API_ADAPTERS[_pi05_settings(settings)["api"]]
+        return super().__new__(cls)
 
     def __init__(self, settings: dict[str, Any]):
         s = _pi05_settings(settings)
@@ -163,14 +178,7 @@ class Pi05Adapter(PolicyAdapter):
         self.replan_steps: int = s["replan_steps"]
         self.image_size: int = s["image_size"]
         self.response_format: str = s["response_format"]
-        if self.api == "sglang_http":
-            self.connection, self.wire_format = "http", s["wire_format"]
-            self.health_path = "/health"
-        else:
-            self.connection, self.wire_format = "websocket", "msgpack"
-            sglang = self.api == "sglang_websocket"
-            self.websocket_path = "/openpi/policy" if sglang else ""
-            self.health_path = "/health" if sglang else "/healthz"
+        self.normalization: str = s["normalization"]
         self.layout = Pi05Layout.sglang_default()
         self.stats: T.NormStats | None = None
         self.stats_sha256: str | None = None
@@ -178,108 +186,9 @@ class Pi05Adapter(PolicyAdapter):
         self.tokenizer_model: Path | None = None  # openpi: SentencePiece model
         self.tokenizer_json: Path | None = None  # LeRobot <= 0.4.4: Hugging Face tokenizer
         self.discrete_state_input: bool | None = None
-        if self.api == "openpi_websocket":  # openpi's server holds the rest
-            self.normalization = s["normalization"]
-            self.action_horizon = s["action_horizon"] or OPENPI_SERVER_HORIZON
-            self.model_action_dim = T.LIBERO_ACTION_DIM
-            self.pad_state_to = None
-            return
-        if s["checkpoint"] is not None:
-            self.layout = read_checkpoint(s["checkpoint"], s["camera_views"])
-            config_json = Path(s["checkpoint"]) / "config.json"
-            self.checkpoint_sha256 = hashlib.sha256(config_json.read_bytes()).hexdigest()
-        layout = self.layout
-        self.action_horizon: int = _agree(
-            "action_horizon", s["action_horizon"], layout.action_horizon, layout
-        )
-        self.model_action_dim: int = _agree(
-            "model_action_dim", s["model_action_dim"], layout.action_dim, layout
-        )
-        # LeRobot: the STATE feature's width (8), which LeRobot >= 0.5 discretizes unpadded;
-        # openpi: PadStatesAndActions to the model's 32; no checkpoint: SGLang's default 32
-        pad = s["pad_state_to"]
-        configured = T.LIBERO_STATE_DIM if pad is None else pad
-        if layout.lineage == "sglang_default":
-            width = layout.state_dim if pad == "checkpoint" else configured
-        else:
-            asked = None if pad == "checkpoint" else configured
-            width = _agree("pad_state_to", asked, layout.state_dim, layout)
-        self.pad_state_to: int = width
-        if self.pad_state_to < T.LIBERO_STATE_DIM:
-            raise ValueError(
-                f"the checkpoint's state width is {self.pad_state_to}, narrower than LIBERO's "
-                f"{T.LIBERO_STATE_DIM}-D state ({layout.describe()})"
-            )
-        if self.pad_state_to > layout.state_dim:
-            raise ValueError(
-                f"policy.pi05.pad_state_to {self.pad_state_to} is wider than the model's state "
-                f"dim {layout.state_dim}: SGLang refuses it (Pi05 state dim must be <= "
-                f"{layout.state_dim})"
-            )
-        if self.replan_steps > self.action_horizon:
-            raise ValueError(
-                f"policy.pi05.replan_steps ({self.replan_steps}) cannot exceed the action "
-                f"horizon ({self.action_horizon}; {layout.describe()})"
-            )
-        stats_path = s["norm_stats_path"]
-        if stats_path is not None and not Path(stats_path).exists():
-            try:
-                T.load_norm_stats(stats_path)  # says what is missing and what to give
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
-        if layout.stats_path is not None:
-            if stats_path is not None and not _same_path(stats_path, layout.stats_path):
-                raise ValueError(
-                    f"policy.pi05.norm_stats_path is {stats_path} but the checkpoint carries its "
-                    f"own statistics ({layout.stats_path}): remove policy.pi05.norm_stats_path"
-                )
-            stats_path = layout.stats_path
-        elif stats_path is None:
-            if layout.source is not None:
-                raise ValueError(
-                    f"the checkpoint {layout.source} carries no statistics (LeRobot: "
-                    "policy_preprocessor.json and its normalizer safetensors; openpi: "
-                    "assets/<asset_id>/norm_stats.json): set policy.pi05.norm_stats_path"
-                )
-            stats_path = TEST_STATS
-        try:
-            self.stats = T.load_norm_stats(stats_path)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
-        self.normalization: str = s["normalization"]
-        try:
-            T.check_stats(self.stats, self.normalization, T.LIBERO_STATE_DIM, T.LIBERO_ACTION_DIM)
-        except ValueError as exc:
-            raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
-        self.stats_sha256 = hashlib.sha256(self.stats.source.read_bytes()).hexdigest()
-        if layout.lineage == "openpi":
-            if s["discrete_state_input"] is None:
-                raise ValueError(
-                    "policy.pi05.discrete_state_input must be set for an openpi-trained "
-                    "checkpoint: its config.json does not record it. openpi's pi05_libero has "
-                    "discrete_state_input=False (src/openpi/training/config.py, pi05_libero)"
-                )
-            self.discrete_state_input = s["discrete_state_input"]
-            self.tokenizer_model = paligemma.find_model(s["tokenizer_path"], layout.source)
-        elif s["discrete_state_input"] is not None:
-            raise ValueError(
-                "policy.pi05.discrete_state_input is for openpi-trained checkpoints; this one is "
-                f"{layout.describe()}"
-            )
-        if layout.lineage == "lerobot" and s["lerobot_prompt"] == "padded":
-            self.tokenizer_json = paligemma.find_model(s["tokenizer_path"], layout.source, "json")
-        elif s["lerobot_prompt"] == "padded":
-            raise ValueError(
-                "policy.pi05.lerobot_prompt padded is for checkpoints trained with LeRobot <= "
-                f"0.4.4; this one is {layout.describe()}"
-            )
-        if s["tokenizer_path"] is not None and not (self.tokenizer_model or self.tokenizer_json):
-            raise ValueError(
-                f"policy.pi05.tokenizer_path is set but this checkpoint ({layout.describe()}) "
-                "gets the prompt SGLang builds: remove it"
-            )
-
-    # ---------------------------------------------------------------- requests
+        self.action_horizon: int
+        self.model_action_dim: int
+        self.pad_state_to: int | None
 
     def statistics(self) -> dict[str, str | None]:
         if self.stats is None:  # openpi's server normalizes with its own statistics
@@ -300,6 +209,8 @@ class Pi05Adapter(PolicyAdapter):
             pi05["tokenizer_path"] = hashlib.sha256(tokenizer.read_bytes()).hexdigest()
         return {"family": "pi05", "pi05": pi05}
 
+    # ---------------------------------------------------------------- requests
+
     def prompt_key(self, obs: Observation) -> str:
         return str(obs.task_language)
 
@@ -315,116 +226,17 @@ class Pi05Adapter(PolicyAdapter):
             proprio["robot0_eef_pos"], proprio["robot0_eef_quat"], proprio["robot0_gripper_qpos"]
         )
 
-    def normalized_state(self, obs: Observation) -> np.ndarray:
-        """The 8-D state in model space (the checkpoint's statistics and formulas)."""
-        assert self.stats is not None
-        return T.normalize(
-            self.raw_state(obs), self.stats.state, self.normalization, self.stats.convention
-        )
-
-    def model_state(self, obs: Observation) -> np.ndarray:
-        """The state SGLang receives: normalized, zero-padded to the checkpoint's width."""
-        state = self.normalized_state(obs)
-        if self.pad_state_to is not None:
-            state = T.pad_to_dim(state, self.pad_state_to)
-        return state.astype(np.float32)
-
-    def model_images(self, obs: Observation) -> tuple[dict[str, Any], dict[str, bool]]:
-        """The images and masks keyed by the checkpoint's camera names."""
-        layout = self.layout
-        if layout.lineage != "lerobot":  # openpi's slots, resized with padding on the client
-            return T.libero_images(obs.agentview, obs.wrist, self.image_size), T.image_masks()
-        frames = {"agentview": obs.agentview, "wrist": obs.wrist}
-        images: dict[str, Any] = {}
-        masks: dict[str, bool] = {}
-        for key, view in layout.camera_views.items():
-            masks[key] = view is not None
-            if view is not None:  # LeRobot: uint8 / 255 as float32, rotated 180 degrees
-                images[key] = T.rotate_180(frames[view]).astype(np.float32) / np.float32(255)
-        return images, masks
-
-    def prompt_tokens(self, obs: Observation) -> tuple[np.ndarray, np.ndarray] | None:
-        """The tokenized prompt where the checkpoint's training pipeline differs from SGLang's
-        prompt (openpi; LeRobot <= 0.4.4); None where SGLang builds the prompt."""
-        if self.tokenizer_json is not None:
-            return paligemma.lerobot_padded_tokens(
-                self.tokenizer_json,
-                str(obs.task_language),
-                self.normalized_state(obs),
-                self.layout.max_state_dim,
-                self.layout.max_token_len,
-            )
-        if self.tokenizer_model is None:
-            return None
-        state = self.normalized_state(obs) if self.discrete_state_input else None
-        return paligemma.openpi_tokens(
-            self.tokenizer_model, str(obs.task_language), state, self.layout.max_token_len
-        )
-
     def build_request(self, observations: list[Observation], request_id: str) -> dict[str, Any]:
         if len(observations) != 1:
             raise ValueError(
                 f"π0.5 takes one observation per request (SGLang's Pi05Pipeline reports "
                 f"capabilities.batch_inputs false), got {len(observations)}"
             )
-        obs = observations[0]
-        if self.api == "openpi_websocket":
-            return self._openpi_request(obs)
-        images, masks = self.model_images(obs)
-        state: Any = self.model_state(obs)
-        if self.wire_format == "json":  # PNG for 8-bit images; float images as exact lists
-            images = {
-                key: image.tolist() if image.dtype.kind == "f" else _png_base64(image)
-                for key, image in images.items()
-            }
-            state = state.tolist()
-        observation: dict[str, Any] = {"images": images, "image_masks": masks, "state": state}
-        tokens = self.prompt_tokens(obs)
-        if tokens is not None:
-            as_wire = (lambda a: a.tolist()) if self.wire_format == "json" else (lambda a: a)
-            observation["tokens"], observation["token_masks"] = map(as_wire, tokens)
-        if self.api == "sglang_websocket":
-            payload = {
-                "request_id": request_id,
-                "prompt": self.prompt_key(obs),
-                **observation,
-                "action_horizon": self.action_horizon,
-                "action_dim": self.model_action_dim,
-                "num_inference_steps": self.num_inference_steps,
-                "output_format": "numpy",
-            }
-            if obs.privileged_state is not None:
-                payload["privileged_state"] = obs.privileged_state
-            return payload
-        input_block: dict[str, Any] = {"prompt": self.prompt_key(obs), "observation": observation}
-        if obs.privileged_state is not None:
-            input_block["privileged_state"] = obs.privileged_state
-        return {
-            "request_id": request_id,
-            "input": input_block,
-            "parameters": {
-                "action_horizon": self.action_horizon,
-                "action_dim": self.model_action_dim,
-                "num_inference_steps": self.num_inference_steps,
-            },
-            "runtime": {
-                "response_format": self.response_format,
-                "output_format": "numpy" if self.wire_format == "msgpack" else "list",
-            },
-        }
+        return self.request(observations[0], request_id)
 
-    def _openpi_request(self, obs: Observation) -> dict[str, Any]:
-        """``examples/libero/main.py``'s element, byte for byte."""
-        size = self.image_size
-        payload: dict[str, Any] = {
-            "observation/image": T.resize_with_pad(T.rotate_180(obs.agentview), size, size),
-            "observation/wrist_image": T.resize_with_pad(T.rotate_180(obs.wrist), size, size),
-            "observation/state": self.raw_state(obs),
-            "prompt": str(obs.task_language),
-        }
-        if obs.privileged_state is not None:
-            payload["privileged_state"] = obs.privileged_state
-        return payload
+    @abstractmethod
+    def request(self, obs: Observation, request_id: str) -> dict[str, Any]:
+        """The request body for one observation."""
 
     # ---------------------------------------------------------------- responses
 
@@ -472,75 +284,312 @@ class Pi05Adapter(PolicyAdapter):
     def parse_response(self, response: dict[str, Any], batch_size: int) -> np.ndarray:
         if batch_size != 1:
             raise ValueError(f"π0.5 answers one observation per request, got {batch_size}")
-        chunk = self._chunk(response)
-        if self.api == "openpi_websocket":
-            if chunk.shape[1] != T.LIBERO_ACTION_DIM:
-                raise PolicyResponseError(
-                    f"the server answered actions of shape {list(chunk.shape)} where openpi's "
-                    f"serve_policy.py answers [N, {T.LIBERO_ACTION_DIM}] LIBERO actions (its "
-                    "transforms de-normalize and cut them). A model-space answer such as "
-                    "[50, 32] comes from SGLang's /openpi/policy: set policy.pi05.api to "
-                    "sglang_websocket"
-                )
-            actions = chunk
-        else:
-            if chunk.shape[1] < T.LIBERO_ACTION_DIM:
-                raise PolicyResponseError(
-                    f"π0.5 response actions have {chunk.shape[1]} channels, fewer than "
-                    f"LIBERO's {T.LIBERO_ACTION_DIM}"
-                )
-            assert self.stats is not None
-            actions = T.unnormalize(
-                chunk[:, : T.LIBERO_ACTION_DIM],
-                self.stats.actions,
-                self.normalization,
-                self.stats.convention,
-            )
-        actions = actions[: self.replan_steps]
+        actions = self.libero_actions(self._chunk(response))[: self.replan_steps]
         if not np.all(np.isfinite(actions)):
             raise PolicyResponseError("π0.5 response actions contain NaN or infinity")
         return actions[None]
 
-    # ---------------------------------------------------------------- provenance
+    @abstractmethod
+    def libero_actions(self, chunk: np.ndarray) -> np.ndarray:
+        """LIBERO actions ``[H, 7]`` from the answer's ``[H, D]`` chunk."""
 
-    def settings_summary(self) -> dict[str, Any]:
-        summary: dict[str, Any] = {
-            "family": self.family,
-            "api": self.api,
-            "replan_steps": self.replan_steps,
-            "image_size": self.image_size,
-        }
-        if self.stats is not None:
-            summary.update(
-                {
-                    "norm_stats_path": str(self.stats.source),
-                    "norm_stats_sha256": self.stats_sha256,
-                    "stats_convention": self.stats.convention,
-                    "normalization": self.normalization,
-                    "pad_state_to": self.pad_state_to,
-                    "action_horizon": self.action_horizon,
-                    "model_action_dim": self.model_action_dim,
-                    "num_inference_steps": self.num_inference_steps,
-                    "lineage": self.layout.lineage,
-                    "checkpoint": str(self.layout.source) if self.layout.source else None,
-                    "camera_keys": list(self.layout.camera_keys),
-                    "prompt_tokens": (
-                        "client (openpi)"
-                        if self.tokenizer_model
-                        else "client (LeRobot <= 0.4.4)"
-                        if self.tokenizer_json
-                        else "server"
-                    ),
-                }
+
+class Pi05SglangAdapter(Pi05Adapter):
+    """SGLang's ``Pi05Pipeline`` (which normalizes nothing): the client applies the
+    checkpoint's own training transforms, by its lineage (``policy/pi05_checkpoint.py``)."""
+
+    def __init__(self, settings: dict[str, Any]):
+        super().__init__(settings)
+        s = _pi05_settings(settings)
+        # wire_format json (sglang_http only): images as PNG / lists; else numpy arrays
+        self.json_body = False
+        if s["checkpoint"] is not None:
+            self.layout = read_checkpoint(s["checkpoint"], s["camera_views"])
+            config_json = Path(s["checkpoint"]) / "config.json"
+            self.checkpoint_sha256 = hashlib.sha256(config_json.read_bytes()).hexdigest()
+        layout = self.layout
+        self.action_horizon = _agree(
+            "action_horizon", s["action_horizon"], layout.action_horizon, layout
+        )
+        self.model_action_dim = _agree(
+            "model_action_dim", s["model_action_dim"], layout.action_dim, layout
+        )
+        self.pad_state_to = self._state_width(s["pad_state_to"])
+        if self.replan_steps > self.action_horizon:
+            raise ValueError(
+                f"policy.pi05.replan_steps ({self.replan_steps}) cannot exceed the action "
+                f"horizon ({self.action_horizon}; {layout.describe()})"
             )
-        return summary
+        self._load_stats(s["norm_stats_path"])
+        self._find_tokenizer(s)
+
+    def _state_width(self, pad: Any) -> int:
+        """LeRobot: the STATE feature's width (8), which LeRobot >= 0.5 discretizes unpadded;
+        openpi: PadStatesAndActions to the model's 32; no checkpoint: SGLang's default 32."""
+        layout = self.layout
+        configured = T.LIBERO_STATE_DIM if pad is None else pad
+        if layout.lineage == "sglang_default":
+            width = layout.state_dim if pad == "checkpoint" else configured
+        else:
+            asked = None if pad == "checkpoint" else configured
+            width = _agree("pad_state_to", asked, layout.state_dim, layout)
+        if width < T.LIBERO_STATE_DIM:
+            raise ValueError(
+                f"the checkpoint's state width is {width}, narrower than LIBERO's "
+                f"{T.LIBERO_STATE_DIM}-D state ({layout.describe()})"
+            )
+        if width > layout.state_dim:
+            raise ValueError(
+                f"policy.pi05.pad_state_to {width} is wider than the model's state "
+                f"dim {layout.state_dim}: SGLang refuses it (Pi05 state dim must be <= "
+                f"{layout.state_dim})"
+            )
+        return width
+
+    def _load_stats(self, stats_path: Any) -> None:
+        """The checkpoint's statistics; ``policy.pi05.norm_stats_path`` where it has none."""
+        layout = self.layout
+        if stats_path is not None and not Path(stats_path).exists():
+            try:
+                T.load_norm_stats(stats_path)  # says what is missing and what to give
+            except (OSError, ValueError) as exc:
+                raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
+        if layout.stats_path is not None:
+            if stats_path is not None and not _same_path(stats_path, layout.stats_path):
+                raise ValueError(
+                    f"policy.pi05.norm_stats_path is {stats_path} but the checkpoint carries its "
+                    f"own statistics ({layout.stats_path}): remove policy.pi05.norm_stats_path"
+                )
+            stats_path = layout.stats_path
+        elif stats_path is None:
+            if layout.source is not None:
+                raise ValueError(
+                    f"the checkpoint {layout.source} carries no statistics (LeRobot: "
+                    "policy_preprocessor.json and its normalizer safetensors; openpi: "
+                    "assets/<asset_id>/norm_stats.json): set policy.pi05.norm_stats_path"
+                )
+            stats_path = TEST_STATS
+        try:
+            self.stats = T.load_norm_stats(stats_path)
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
+        try:
+            T.check_stats(self.stats, self.normalization, T.LIBERO_STATE_DIM, T.LIBERO_ACTION_DIM)
+        except ValueError as exc:
+            raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
+        self.stats_sha256 = hashlib.sha256(self.stats.source.read_bytes()).hexdigest()
+
+    def _find_tokenizer(self, s: dict[str, Any]) -> None:
+        """The tokenizer of the client-side prompt, where the lineage's training pipeline
+        differs from SGLang's prompt (openpi; LeRobot <= 0.4.4)."""
+        layout = self.layout
+        if layout.lineage == "openpi":
+            if s["discrete_state_input"] is None:
+                raise ValueError(
+                    "policy.pi05.discrete_state_input must be set for an openpi-trained "
+                    "checkpoint: its config.json does not record it. openpi's pi05_libero has "
+                    "discrete_state_input=False (src/openpi/training/config.py, pi05_libero)"
+                )
+            self.discrete_state_input = s["discrete_state_input"]
+            self.tokenizer_model = paligemma.find_model(s["tokenizer_path"], layout.source)
+        elif s["discrete_state_input"] is not None:
+            raise ValueError(
+                "policy.pi05.discrete_state_input is for openpi-trained checkpoints; this one is "
+                f"{layout.describe()}"
+            )
+        if layout.lineage == "lerobot" and s["lerobot_prompt"] == "padded":
+            self.tokenizer_json = paligemma.find_model(s["tokenizer_path"], layout.source, "json")
+        elif s["lerobot_prompt"] == "padded":
+            raise ValueError(
+                "policy.pi05.lerobot_prompt padded is for checkpoints trained with LeRobot <= "
+                f"0.4.4; this one is {layout.describe()}"
+            )
+        if s["tokenizer_path"] is not None and not (self.tokenizer_model or self.tokenizer_json):
+            raise ValueError(
+                f"policy.pi05.tokenizer_path is set but this checkpoint ({layout.describe()}) "
+                "gets the prompt SGLang builds: remove it"
+            )
+
+    # ---------------------------------------------------------------- requests
+
+    def normalized_state(self, obs: Observation) -> np.ndarray:
+        """The 8-D state in model space (the checkpoint's statistics and formulas)."""
+        assert self.stats is not None
+        return T.normalize(
+            self.raw_state(obs), self.stats.state, self.normalization, self.stats.convention
+        )
+
+    def model_state(self, obs: Observation) -> np.ndarray:
+        """The state SGLang receives: normalized, zero-padded to the checkpoint's width."""
+        state = self.normalized_state(obs)
+        if self.pad_state_to is not None:
+            state = T.pad_to_dim(state, self.pad_state_to)
+        return state.astype(np.float32)
+
+    def model_images(self, obs: Observation) -> tuple[dict[str, Any], dict[str, bool]]:
+        """The images and masks keyed by the checkpoint's camera names."""
+        layout = self.layout
+        if layout.lineage != "lerobot":  # openpi's slots, resized with padding on the client
+            return T.libero_images(obs.agentview, obs.wrist, self.image_size), T.image_masks()
+        frames = {"agentview": obs.agentview, "wrist": obs.wrist}
+        images: dict[str, Any] = {}
+        masks: dict[str, bool] = {}
+        for key, view in layout.camera_views.items():
+            masks[key] = view is not None
+            if view is not None:  # LeRobot: uint8 / 255 as float32, rotated 180 degrees
+                images[key] = T.rotate_180(frames[view]).astype(np.float32) / np.float32(255)
+        return images, masks
+
+    def prompt_tokens(self, obs: Observation) -> tuple[np.ndarray, np.ndarray] | None:
+        """The tokenized prompt where the checkpoint's training pipeline differs from SGLang's
+        prompt (openpi; LeRobot <= 0.4.4); None where SGLang builds the prompt."""
+        if self.tokenizer_json is not None:
+            return paligemma.lerobot_padded_tokens(
+                self.tokenizer_json,
+                str(obs.task_language),
+                self.normalized_state(obs),
+                self.layout.max_state_dim,
+                self.layout.max_token_len,
+            )
+        if self.tokenizer_model is None:
+            return None
+        state = self.normalized_state(obs) if self.discrete_state_input else None
+        return paligemma.openpi_tokens(
+            self.tokenizer_model, str(obs.task_language), state, self.layout.max_token_len
+        )
+
+    def model_observation(self, obs: Observation) -> dict[str, Any]:
+        """SGLang's observation: ``images``, ``image_masks``, ``state`` (and ``tokens``,
+        ``token_masks`` where the client builds the prompt)."""
+        images, masks = self.model_images(obs)
+        state: Any = self.model_state(obs)
+        if self.json_body:  # PNG for 8-bit images; float images as exact lists
+            images = {
+                key: image.tolist() if image.dtype.kind == "f" else _png_base64(image)
+                for key, image in images.items()
+            }
+            state = state.tolist()
+        observation: dict[str, Any] = {"images": images, "image_masks": masks, "state": state}
+        tokens = self.prompt_tokens(obs)
+        if tokens is not None:
+            as_wire = (lambda a: a.tolist()) if self.json_body else (lambda a: a)
+            observation["tokens"], observation["token_masks"] = map(as_wire, tokens)
+        return observation
+
+    # ---------------------------------------------------------------- responses
+
+    def libero_actions(self, chunk: np.ndarray) -> np.ndarray:
+        """The model-space chunk de-normalized and cut to LIBERO's 7 channels."""
+        if chunk.shape[1] < T.LIBERO_ACTION_DIM:
+            raise PolicyResponseError(
+                f"π0.5 response actions have {chunk.shape[1]} channels, fewer than "
+                f"LIBERO's {T.LIBERO_ACTION_DIM}"
+            )
+        assert self.stats is not None
+        return T.unnormalize(
+            chunk[:, : T.LIBERO_ACTION_DIM],
+            self.stats.actions,
+            self.normalization,
+            self.stats.convention,
+        )
+
+
+class Pi05SglangHttpAdapter(Pi05SglangAdapter):
+    """``sglang_http``: SGLang's envelope for ``POST /v1/actions/generations``."""
+
+    def __init__(self, settings: dict[str, Any]):
+        super().__init__(settings)
+        self.json_body = _pi05_settings(settings)["wire_format"] == "json"
+
+    def request(self, obs: Observation, request_id: str) -> dict[str, Any]:
+        input_block: dict[str, Any] = {
+            "prompt": self.prompt_key(obs),
+            "observation": self.model_observation(obs),
+        }
+        if obs.privileged_state is not None:
+            input_block["privileged_state"] = obs.privileged_state
+        return {
+            "request_id": request_id,
+            "input": input_block,
+            "parameters": {
+                "action_horizon": self.action_horizon,
+                "action_dim": self.model_action_dim,
+                "num_inference_steps": self.num_inference_steps,
+            },
+            "runtime": {
+                "response_format": self.response_format,
+                "output_format": "list" if self.json_body else "numpy",
+            },
+        }
+
+
+class Pi05SglangWebsocketAdapter(Pi05SglangAdapter):
+    """``sglang_websocket``: the same observation as one flat map (SGLang's ``/openpi/policy``)."""
+
+    def request(self, obs: Observation, request_id: str) -> dict[str, Any]:
+        payload = {
+            "request_id": request_id,
+            "prompt": self.prompt_key(obs),
+            **self.model_observation(obs),
+            "action_horizon": self.action_horizon,
+            "action_dim": self.model_action_dim,
+            "num_inference_steps": self.num_inference_steps,
+            "output_format": "numpy",
+        }
+        if obs.privileged_state is not None:
+            payload["privileged_state"] = obs.privileged_state
+        return payload
+
+
+class Pi05OpenpiServerAdapter(Pi05Adapter):
+    """``openpi_websocket``: openpi's own ``serve_policy.py``, which holds the checkpoint's
+    transforms and statistics; the client sends the raw observation."""
+
+    def __init__(self, settings: dict[str, Any]):
+        super().__init__(settings)
+        s = _pi05_settings(settings)
+        self.action_horizon = s["action_horizon"] or OPENPI_SERVER_HORIZON
+        self.model_action_dim = T.LIBERO_ACTION_DIM
+        self.pad_state_to = None
+
+    def request(self, obs: Observation, request_id: str) -> dict[str, Any]:
+        """``examples/libero/main.py``'s element, byte for byte."""
+        size = self.image_size
+        payload: dict[str, Any] = {
+            "observation/image": T.resize_with_pad(T.rotate_180(obs.agentview), size, size),
+            "observation/wrist_image": T.resize_with_pad(T.rotate_180(obs.wrist), size, size),
+            "observation/state": self.raw_state(obs),
+            "prompt": str(obs.task_language),
+        }
+        if obs.privileged_state is not None:
+            payload["privileged_state"] = obs.privileged_state
+        return payload
+
+    def libero_actions(self, chunk: np.ndarray) -> np.ndarray:
+        if chunk.shape[1] != T.LIBERO_ACTION_DIM:
+            raise PolicyResponseError(
+                f"the server answered actions of shape {list(chunk.shape)} where openpi's "
+                f"serve_policy.py answers [N, {T.LIBERO_ACTION_DIM}] LIBERO actions (its "
+                "transforms de-normalize and cut them). A model-space answer such as "
+                "[50, 32] comes from SGLang's /openpi/policy: set policy.pi05.api to "
+                "sglang_websocket"
+            )
+        return chunk
 
     def check_server_metadata(self, metadata: dict[str, Any]) -> None:
         served = metadata.get("policy_family") if isinstance(metadata, dict) else None
-        if self.api == "openpi_websocket" and served == "pi05":
+        if served == "pi05":
             raise PolicyResponseError(
                 "the websocket server is SGLang's /openpi/policy (its metadata reports "
                 "policy_family 'pi05' and it answers model-space actions), but "
                 "policy.pi05.api is openpi_websocket: set it to sglang_websocket"
             )
         super().check_server_metadata(metadata)
+
+
+#: ``policy.pi05.api`` -> its adapter class
+API_ADAPTERS: dict[str, type[Pi05Adapter]] = {
+    "sglang_http": Pi05SglangHttpAdapter,
+    "sglang_websocket": Pi05SglangWebsocketAdapter,
+    "openpi_websocket": Pi05OpenpiServerAdapter,
+}

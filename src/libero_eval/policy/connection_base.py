@@ -1,0 +1,158 @@
+"""What the HTTP and websocket policy connections share: URL and settings checks, loopback
+proxy handling, ``GET <health path>`` readiness, and one linear-backoff retry loop."""
+
+from __future__ import annotations
+
+import ipaddress
+import time
+from collections.abc import Callable
+from typing import Self, TypeVar
+from urllib.parse import urlsplit
+
+import requests
+
+from libero_eval.policy.errors import PolicyServerUnavailable
+
+WIRE_FORMATS = ("msgpack", "json")
+
+T = TypeVar("T")
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for ``localhost`` and loopback addresses."""
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class RetryableFailure(Exception):
+    """One attempt failed in a way worth retrying; the message says how."""
+
+
+class ConnectionBase:
+    """What both connections share: settings checks, an HTTP session for readiness (proxies
+    from the environment ignored for loopback URLs: a cluster's ``http_proxy`` must not
+    capture ``127.0.0.1``), and the retry loop."""
+
+    def __init__(
+        self,
+        base_url: str,
+        timeout_s: float,
+        max_retries: int,
+        retry_backoff_s: float,
+        health_path: str,
+        sleep: Callable[[float], None],
+        schemes: tuple[str, ...] = ("http", "https"),
+    ):
+        parts = urlsplit(base_url)
+        if parts.scheme not in schemes or not parts.hostname:
+            raise ValueError(
+                f"policy server URL {base_url!r} must look like http://HOST:PORT "
+                "(check policy.url / the server slot's host and port)"
+            )
+        if not timeout_s > 0:
+            raise ValueError(f"policy client timeout_s must be > 0, got {timeout_s}")
+        if not isinstance(max_retries, int) or max_retries < 0:
+            raise ValueError(f"policy client max_retries must be an int >= 0, got {max_retries}")
+        if not retry_backoff_s >= 0:
+            raise ValueError(f"policy client retry_backoff_s must be >= 0, got {retry_backoff_s}")
+        self.timeout_s = float(timeout_s)
+        self.max_retries = max_retries
+        self.retry_backoff_s = float(retry_backoff_s)
+        self.health_path = health_path
+        # the latest call of this instance: its successful attempt's wall time, its attempts
+        self.last_latency_s: float | None = None
+        self.last_attempts = 0
+        self._sleep = sleep
+        self._session = requests.Session()
+        self._proxies: dict[str, str | None] | None = None
+        if is_loopback(parts.hostname):
+            self._session.trust_env = False
+            self._proxies = {"http": None, "https": None}
+
+    base_url: str
+
+    def close(self) -> None:
+        self._session.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ---------------------------------------------------------------- readiness
+
+    def health(self) -> bool:
+        """True when ``GET <health_path>`` answers 200 within a few seconds."""
+        try:
+            response = self._session.get(
+                self.base_url + self.health_path,
+                timeout=min(self.timeout_s, 5.0),
+                proxies=self._proxies,
+            )
+        except requests.RequestException:
+            return False
+        return response.status_code == 200
+
+    def wait_until_healthy(
+        self, deadline_s: float, poll_s: float = 1.0, is_alive: Callable[[], bool] | None = None
+    ) -> None:
+        """Poll ``<health_path>`` until it answers 200, for at most ``deadline_s`` seconds.
+
+        Raises :class:`PolicyServerUnavailable` at the deadline, or as soon as ``is_alive()``
+        returns False (e.g. the server process exited).
+        """
+        start = time.monotonic()
+        while True:
+            if self.health():
+                return
+            if is_alive is not None and not is_alive():
+                raise PolicyServerUnavailable(
+                    f"policy server {self.base_url} exited before {self.health_path} answered "
+                    f"200 (waited {time.monotonic() - start:.1f} s); read the server log"
+                )
+            elapsed = time.monotonic() - start
+            if elapsed >= deadline_s:
+                raise PolicyServerUnavailable(
+                    f"policy server {self.base_url}{self.health_path} did not answer 200 within "
+                    f"{deadline_s:g} s; check the server log, or raise the readiness deadline "
+                    "(server.health_timeout_s) if model loading is slow"
+                )
+            time.sleep(max(0.0, min(poll_s, deadline_s - elapsed)))
+
+    # ---------------------------------------------------------------- retries
+
+    def _with_retries(
+        self,
+        attempt_once: Callable[[], T],
+        failed: Callable[[int, str], str],
+        on_failure: Callable[[], None] | None = None,
+    ) -> T:
+        """``attempt_once()`` until it returns, at most ``max_retries + 1`` times, sleeping
+        ``k * retry_backoff_s`` before retry ``k``. Only :class:`RetryableFailure` is retried
+        (``on_failure`` runs after each); ``failed(attempts, last_error)`` is the message of
+        the :class:`PolicyServerUnavailable` raised when the attempts are used up."""
+        attempts = self.max_retries + 1
+        last_error = ""
+        for attempt in range(1, attempts + 1):
+            started = time.monotonic()
+            try:
+                result = attempt_once()
+            except RetryableFailure as failure:
+                last_error = str(failure)
+                if on_failure is not None:
+                    on_failure()
+            else:
+                self.last_latency_s = time.monotonic() - started
+                self.last_attempts = attempt
+                return result
+            if attempt < attempts:
+                self._sleep(attempt * self.retry_backoff_s)
+        self.last_attempts = attempts
+        raise PolicyServerUnavailable(failed(attempts, last_error))

@@ -1,0 +1,139 @@
+"""One connection interface: the endpoint picks the implementation; π0.5's adapter class per
+API; the fault hooks and the env wrapper (no LIBERO, no server)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_pi05_adapter import STATS, observation
+
+from libero_eval.faults import NO_FAULTS, FaultyEnv, fault_hooks, parse_faults
+from libero_eval.policy.adapters import make_adapter
+from libero_eval.policy.adapters.pi05 import (
+    Pi05Adapter,
+    Pi05OpenpiServerAdapter,
+    Pi05SglangHttpAdapter,
+    Pi05SglangWebsocketAdapter,
+)
+from libero_eval.policy.client import HttpConnection
+from libero_eval.policy.connection import ConnectionSpec, connect, policy_connection_spec
+from libero_eval.policy.ws_client import WebsocketConnection
+from libero_eval.rollout.env_worker import Command, EpisodeSpec, Reply, Status
+
+URL = "http://127.0.0.1:1"
+
+
+@pytest.mark.parametrize(
+    ("family", "settings", "kind", "wire", "path", "health"),
+    [
+        ("cosmos3", {"transport": "msgpack"}, HttpConnection, "msgpack", "", "/health"),
+        ("cosmos3", {"transport": "png_base64"}, HttpConnection, "json", "", "/health"),
+        ("pi05", {"pi05": {}}, HttpConnection, "msgpack", "", "/health"),
+        ("pi05", {"pi05": {"wire_format": "json"}}, HttpConnection, "json", "", "/health"),
+        (
+            "pi05",
+            {"pi05": {"api": "sglang_websocket"}},
+            WebsocketConnection,
+            "msgpack",
+            "/openpi/policy",
+            "/health",
+        ),
+        (
+            "pi05",
+            {"pi05": {"api": "openpi_websocket", "wire_format": "json"}},
+            WebsocketConnection,
+            "msgpack",
+            "",
+            "/healthz",
+        ),
+    ],
+)
+def test_the_endpoint_picks_the_connection(family, settings, kind, wire, path, health):
+    spec = policy_connection_spec(URL, family, settings)
+    assert (spec.wire_format, spec.path, spec.health_path) == (wire, path, health)
+    with connect(spec, max_retries=0) as connection:
+        assert type(connection) is kind and connection.health_path == health
+        if kind is HttpConnection:
+            assert connection.wire_format == wire
+        else:
+            assert connection.ws_url == "ws://127.0.0.1:1" + (path or "/")
+            assert connection.max_batch_size() == 1
+
+
+@pytest.mark.parametrize(
+    ("family", "settings", "message"),
+    [
+        ("cosmos3", {"transport": "grpc"}, "policy.transport must be one of"),
+        ("pi05", {"pi05": {"api": "grpc"}}, "policy.pi05.api must be one of"),
+        ("pi05", {"pi05": None}, "policy.pi05 must be a mapping"),
+    ],
+)
+def test_bad_endpoint_settings_name_the_field(family, settings, message):
+    with pytest.raises(ValueError, match=message):
+        policy_connection_spec(URL, family, settings)
+
+
+def test_a_websocket_endpoint_speaks_msgpack_only():
+    with pytest.raises(ValueError, match="msgpack only"):
+        ConnectionSpec(URL, "websocket", "json")
+    with pytest.raises(ValueError, match="protocol 'grpc'"):
+        ConnectionSpec(URL, "grpc")
+
+
+@pytest.mark.parametrize(
+    ("api", "kind"),
+    [
+        ("sglang_http", Pi05SglangHttpAdapter),
+        ("sglang_websocket", Pi05SglangWebsocketAdapter),
+        ("openpi_websocket", Pi05OpenpiServerAdapter),
+    ],
+)
+def test_each_pi05_api_is_its_own_adapter_class(api, kind):
+    settings = {"pi05": {"api": api, "norm_stats_path": str(STATS)}}
+    for adapter in (Pi05Adapter(settings), make_adapter("pi05", settings)):
+        assert type(adapter) is kind and isinstance(adapter, Pi05Adapter)
+        assert adapter.api == api
+        assert adapter.build_request([observation()], "r")
+
+
+def test_no_fault_plan_injects_nothing():
+    assert fault_hooks(None) is NO_FAULTS and not NO_FAULTS.injects_env_faults
+    chunk = np.zeros((5, 7))
+    assert NO_FAULTS.env_fault(0, 1, 1) is None and NO_FAULTS.chunk(0, chunk) is chunk
+
+
+def test_the_fault_plan_picks_first_attempts_and_spoils_one_chunk():
+    hooks = fault_hooks(
+        parse_faults("crash_env_at_episode=1;raise_env_at_episode=2;nan_action_at_episode=3")
+    )
+    assert hooks.injects_env_faults
+    assert hooks.env_fault(0, 1, 1) == "crash"
+    assert hooks.env_fault(0, 1, 2) is None  # the retry of a crashed episode runs clean
+    assert hooks.env_fault(1, 2, 1) == "raise"
+    assert hooks.env_fault(1, 3, 1) is None
+    chunk = np.zeros((5, 7))
+    assert hooks.chunk(0, chunk) is chunk
+    assert np.isnan(hooks.chunk(1, chunk)).all()
+    assert hooks.chunk(1, chunk) is chunk  # only the episode's first chunk
+
+
+def test_the_faulty_env_fails_a_start_that_asks_for_it():
+    class Env:
+        def start_episode(self, spec):
+            return "observation"
+
+        def close(self):
+            return "closed"
+
+    env = FaultyEnv(Env())
+    assert env.start_episode(EpisodeSpec("libero_spatial", 0, 0)) == "observation"
+    assert env.close() == "closed"
+    with pytest.raises(RuntimeError, match="injected env error"):
+        env.start_episode(EpisodeSpec("libero_spatial", 0, 0, fault="raise"))
+
+
+def test_worker_messages_are_typed_and_keep_their_wire_names():
+    assert [c.value for c in Command] == ["start", "chunk", "close"]
+    assert Status.OK == "ok" and Status("died") is Status.DIED
+    status, result = Reply(Status.ERROR, "boom")
+    assert status is Status.ERROR and result == "boom"
