@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-from functools import cached_property
+import warnings
+from functools import cache, cached_property
 from pathlib import Path
 from typing import Any
+
+import yaml
 
 from libero_eval import suites as suite_catalog
 from libero_eval.plan import Episode, Shard, make_shards, plan_episodes
@@ -32,40 +35,82 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the field and the fix."""
 
 
-FAMILY_SECTIONS = {"pi05": "pi05"}  # family -> its own policy subsection
+class ConfigDeprecationWarning(FutureWarning):
+    """A config key of an older layout, still read; the message names the old and new key."""
+
+
+# Each family's own settings section, ``policy.<family>`` (config/schema.yaml).
+FAMILIES = ("cosmos3", "pi05")
+# Backends whose server is a GPU process run by a command of its own (not the reference).
+GPU_BACKENDS = ("sglang", "openpi")
 PI05_PIPELINE_CLASS = "Pi05Pipeline"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
+
+
+@cache
+def schema() -> dict[str, Any]:
+    """config/schema.yaml: the one place a config field's type and default are written."""
+    return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
+
+
+def family_fields(family: str) -> tuple[str, ...]:
+    """The fields of ``policy.<family>``, as the schema lists them."""
+    policy = schema()["properties"]["policy"]["properties"]
+    return tuple(policy[family]["properties"])
 
 
 def check_family_fields(config: dict[str, Any]) -> None:
-    """Reject settings of the other model family; call BEFORE schema validation fills defaults
-    (the schema gives every field a default, so this runs on the config as written).
+    """Upgrade an older layout and reject settings of the other model family; call BEFORE
+    schema validation fills defaults (the schema gives every field a default, so this runs on
+    the config as written).
 
-    A π0.5 config carries its settings under ``policy.pi05``; a Cosmos3 config carries them
-    directly under ``policy``.
+    Each family's settings are under ``policy.<family>``. Cosmos3 fields written directly under
+    ``policy`` (the layout before issue 21) are moved to ``policy.cosmos3`` with a
+    :class:`ConfigDeprecationWarning` naming the old and the new key; where both are set, the
+    old key (e.g. from an overlay written for the old layout) wins.
     """
     policy = config.get("policy") or {}
     if not isinstance(policy, dict):
         return  # the schema reports it
     family = policy.get("family", "cosmos3")
+    old_layout = [key for key in family_fields("cosmos3") if key in policy]
     if family == "pi05":
-        from libero_eval.policy.adapters.cosmos3 import POLICY_FIELDS as COSMOS3_POLICY_FIELDS
-
-        foreign = [key for key in COSMOS3_POLICY_FIELDS if key in policy]
-        if foreign:
+        if old_layout:
             raise ConfigError(
-                f"{', '.join('policy.' + key for key in foreign)}: Cosmos3 setting(s), but "
+                f"{', '.join('policy.' + key for key in old_layout)}: Cosmos3 setting(s), but "
                 "policy.family is pi05. Remove them; π0.5 settings go under policy.pi05 (see "
                 "config/libero_pi05_sglang.yaml). Are two configs of different families "
                 "stacked with --configfile?"
             )
-    else:
-        foreign = [section for fam, section in FAMILY_SECTIONS.items() if section in policy]
-        if foreign:
+    elif old_layout:
+        section = policy.get("cosmos3")
+        if section is not None and not isinstance(section, dict):
+            return  # the schema reports it
+        section = dict(section or {})
+        for key in old_layout:
+            section[key] = policy.pop(key)
+        policy["cosmos3"] = section
+        warnings.warn(
+            f"{', '.join('policy.' + key for key in old_layout)}: deprecated layout, read as "
+            f"{', '.join('policy.cosmos3.' + key for key in old_layout)}. Cosmos3 settings "
+            "now live under policy.cosmos3 (like π0.5's under policy.pi05): move them there "
+            "(an old key overrides its policy.cosmos3 twin)",
+            ConfigDeprecationWarning,
+            stacklevel=2,
+        )
+    foreign = [section for section in FAMILIES if section != family and section in policy]
+    if foreign:
+        if family == "pi05":
             raise ConfigError(
-                f"policy.{foreign[0]}: π0.5 settings, but policy.family is {family}. Set "
-                "policy.family: pi05 (and drop the Cosmos3 policy fields), or remove "
-                f"policy.{foreign[0]}"
+                "policy.cosmos3: Cosmos3 settings, but policy.family is pi05. Remove them; π0.5 "
+                "settings go under policy.pi05 (see config/libero_pi05_sglang.yaml). Are two "
+                "configs of different families stacked with --configfile?"
             )
+        raise ConfigError(
+            f"policy.{foreign[0]}: π0.5 settings, but policy.family is {family}. Set "
+            "policy.family: pi05 (and drop policy.cosmos3), or remove "
+            f"policy.{foreign[0]}"
+        )
 
 
 def check_config(config: dict[str, Any]) -> RunSettings:
@@ -139,13 +184,17 @@ def pi05_checkpoint(config: dict[str, Any]) -> str | None:
     return (server.get("sglang") or {}).get("model_path")
 
 
-def adapter_policy(config: dict[str, Any]) -> dict[str, Any]:
-    """``policy.*`` with ``policy.pi05.checkpoint`` resolved (:func:`pi05_checkpoint`)."""
+def family_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """``policy.<family>``, the settings the family's adapter takes, with
+    ``policy.pi05.checkpoint`` resolved (:func:`pi05_checkpoint`)."""
     policy = config["policy"]
-    checkpoint = pi05_checkpoint(config)
-    if checkpoint is None:
-        return policy
-    return {**policy, "pi05": {**(policy.get("pi05") or {}), "checkpoint": checkpoint}}
+    family = policy["family"]
+    settings = dict(policy[family])
+    if family == "pi05":
+        checkpoint = pi05_checkpoint(config)
+        if checkpoint is not None:
+            settings["checkpoint"] = checkpoint
+    return settings
 
 
 def reference_pi05_model(config: dict[str, Any]) -> str:
@@ -202,31 +251,20 @@ def _check_pi05(config: dict[str, Any], settings: RunSettings) -> None:
 
 
 def _check_cosmos3(config: dict[str, Any], settings: RunSettings) -> None:
-    policy, server = config["policy"], config["server"]
-    if policy["raw_action_dim"] != 10:
-        raise ConfigError(
-            f"policy.raw_action_dim is {policy['raw_action_dim']}; Cosmos3 LIBERO actions have "
-            "10 channels [dxyz, rot6d, gripper]: set it to 10"
-        )
-    if policy["action_dim"] != 7:
-        raise ConfigError(
-            f"policy.action_dim is {policy['action_dim']}; LIBERO actions are 7-D: set it to 7"
-        )
-    chunks, frames = policy["num_action_chunks"], policy["num_frames"]
+    """Cosmos3: what its adapter does not check itself (the statistics file exists, the
+    server's files); the adapter checks its own fields when it is built."""
+    cosmos3, server = config["policy"]["cosmos3"], config["server"]
+    chunks, frames = cosmos3["num_action_chunks"], cosmos3["num_frames"]
     if frames != chunks + 1:
         raise ConfigError(
-            f"policy.num_frames ({frames}) must equal policy.num_action_chunks + 1 "
-            f"({chunks + 1}); Cosmos3 predicts num_frames - 1 actions"
+            f"policy.cosmos3.num_frames ({frames}) must equal policy.cosmos3.num_action_chunks "
+            f"+ 1 ({chunks + 1}); Cosmos3 predicts num_frames - 1 actions"
         )
-    if (frames - 1) % 4:
-        raise ConfigError(
-            f"policy.num_frames ({frames}) must be 4k + 1 for Cosmos3's temporal VAE, e.g. 17"
-        )
-    stats_path = Path(policy["action_stats_path"])
+    stats_path = Path(cosmos3["action_stats_path"])
     if not stats_path.is_file():
         raise ConfigError(
-            f"policy.action_stats_path: {stats_path} does not exist (relative paths start at "
-            f"{Path.cwd()}); point it at a Cosmos3 action-stats JSON such as "
+            f"policy.cosmos3.action_stats_path: {stats_path} does not exist (relative paths "
+            f"start at {Path.cwd()}); point it at a Cosmos3 action-stats JSON such as "
             "config/stats/libero_native_frame_wise_relative_rot6d.json"
         )
     settings.adapter  # loads and checks the statistics file  # noqa: B018
@@ -440,22 +478,21 @@ class RunSettings:
 
     @cached_property
     def policy(self) -> dict[str, Any]:
-        """``policy.*`` as the adapter takes it: a π0.5 checkpoint left null is the SGLang
-        server's own model directory (``server.sglang.model_path``)."""
-        return adapter_policy(self.config)
+        """``policy.<family>`` as the family's adapter takes it (:func:`family_settings`)."""
+        return family_settings(self.config)
 
     @cached_property
     def adapter(self) -> PolicyAdapter:
         """The policy family's adapter: its settings checked, its statistics file (if the client
         de-normalizes) loaded, checked and hashed; the one place the statistics are read."""
-        policy = self.policy
+        family = self.config["policy"]["family"]
         try:
-            return make_adapter(policy["family"], policy)
+            return make_adapter(family, self.policy)
         except (OSError, ValueError) as exc:
             message = str(exc)
             if message.startswith("policy."):
                 raise ConfigError(message) from None
-            field = "policy.pi05" if policy["family"] == "pi05" else "policy.action_stats_path"
+            field = "policy.pi05" if family == "pi05" else "policy.cosmos3.action_stats_path"
             raise ConfigError(f"{field}: {message}") from None
 
     @cached_property
