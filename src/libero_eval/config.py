@@ -421,11 +421,16 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
     devices = None
     if server["gpu_ids"] is not None:
         devices = server["gpu_ids"][slot * per_slot : (slot + 1) * per_slot]
-    elif server["backend"] in ("sglang", "openpi") and "SLURM_JOB_ID" not in os.environ:
+    elif server["backend"] in GPU_BACKENDS and "SLURM_JOB_ID" not in os.environ:
         # Locally nothing assigns GPUs: slot k takes devices k*n .. k*n+n-1.
         devices = list(range(slot * per_slot, (slot + 1) * per_slot))
     gpu_id = devices[0] if devices is not None and len(devices) == 1 else devices
-    reference = server["reference"]
+    # server.reference as the reference server's own settings name them
+    # (reference.settings.ReferenceServerSettings); norm_stats_path is π0.5's only
+    reference = {k: v for k, v in server["reference"].items() if k != "norm_stats_path"}
+    reference["model_name"] = f"reference-{reference['policy']}"
+    if config["policy"]["family"] == "pi05":
+        reference.update(family="pi05", norm_stats_path=reference_pi05_model(config))
     return {
         "backend": server["backend"],
         "slot": slot,
@@ -438,21 +443,7 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
         "teardown_grace_s": server["teardown_grace_s"],
         "cpu_threads": server["cpu_threads"],
         "gpu_id": gpu_id,
-        "reference": {
-            "policy": reference["policy"],
-            "action_stats_path": reference["action_stats_path"],
-            "normalization": reference["normalization"],
-            "max_batch_size": reference["max_batch_size"],
-            "padded_action_dim": reference["padded_action_dim"],
-            "latency_fixed_s": reference["latency_fixed_s"],
-            "latency_per_item_s": reference["latency_per_item_s"],
-            "model_name": f"reference-{reference['policy']}",
-            **(
-                {"family": "pi05", "norm_stats_path": reference_pi05_model(config)}
-                if config["policy"]["family"] == "pi05"
-                else {}
-            ),
-        },
+        "reference": reference,
         "sglang": dict(server["sglang"]),
         "openpi": dict(server["openpi"]),
     }
@@ -471,6 +462,11 @@ class RunSettings:
     @property
     def run_id(self) -> str:
         return self.config["run_id"]
+
+    @property
+    def server_on_gpu(self) -> bool:
+        """Whether a slot's server runs on a GPU (:data:`GPU_BACKENDS`): its job asks for one."""
+        return self.config["server"]["backend"] in GPU_BACKENDS
 
     @cached_property
     def protocol(self) -> EpisodeProtocol:

@@ -155,11 +155,7 @@ def slurm_placement(server=False):
         )
         if slurm[field]
     }
-    if (
-        server
-        and slurm["gpu_model"]
-        and config["server"]["backend"] in ("sglang", "openpi")
-    ):
+    if server and slurm["gpu_model"] and SETTINGS.server_on_gpu:
         placement["gpu_model"] = slurm["gpu_model"]
     return placement
 

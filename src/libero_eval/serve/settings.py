@@ -13,6 +13,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from libero_eval.reference import settings as reference_settings
+
 BACKENDS = ("reference", "sglang", "openpi")
 DEFAULT_PIPELINE_CLASS = "Cosmos3OmniDiffusersPipeline"
 # Flags `build_command` sets itself for sglang; also passing them in extra_args would make the
@@ -100,55 +102,48 @@ def _require(data: Mapping[str, Any], key: str, where: str) -> None:
 
 @dataclass(frozen=True)
 class ReferenceServerFlags:
-    """The command-line flags the serve job gives `python -m libero_eval.reference.server`
-    (which turns them into its own `reference.settings.ReferenceServerSettings`); None means
-    "leave the server's default"."""
+    """The `server.reference` values the serve job gives `python -m libero_eval.reference.server`.
 
-    policy: str
-    action_stats_path: str | None = None
-    normalization: str | None = None
-    max_batch_size: int | None = None
-    padded_action_dim: int | None = None
-    latency_fixed_s: float | None = None
-    latency_per_item_s: float | None = None
-    model_name: str | None = None
-    family: str | None = None
-    norm_stats_path: str | None = None
+    Their names, types and flags are the fields of the server's own
+    `reference.settings.ReferenceServerSettings` (checked here by type, so a bad value fails
+    in the serve job naming `server.reference.<field>`); an absent value (or None) leaves the
+    server's default. Read one as an attribute: ``flags.max_batch_size``.
+    """
+
+    values: Mapping[str, Any]
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "server.reference") -> ReferenceServerFlags:
         if not isinstance(data, Mapping):
             raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
-        _check_keys(data, [f.name for f in fields(cls)], where)
+        kinds = reference_settings.setting_types()
+        _check_keys(data, list(kinds), where)
         _require(data, "policy", where)
-        return cls(
-            policy=_get_str(data, "policy", where, None),
-            action_stats_path=_get_str(data, "action_stats_path", where, None),
-            normalization=_get_str(data, "normalization", where, None),
-            max_batch_size=_get_int(data, "max_batch_size", where, None, 1),
-            padded_action_dim=_get_int(data, "padded_action_dim", where, None, 1),
-            latency_fixed_s=_get_float(data, "latency_fixed_s", where, None, 0.0, False),
-            latency_per_item_s=_get_float(data, "latency_per_item_s", where, None, 0.0, False),
-            model_name=_get_str(data, "model_name", where, None),
-            family=_get_str(data, "family", where, None),
-            norm_stats_path=_get_str(data, "norm_stats_path", where, None),
-        )
+        values: dict[str, Any] = {}
+        for key in kinds:
+            if data.get(key) is None:
+                continue
+            kind = kinds[key]
+            if kind is int:
+                values[key] = _get_int(data, key, where, None, 1)
+            elif kind is float:
+                values[key] = _get_float(data, key, where, None, 0.0, False)
+            elif kind is dict:
+                if not isinstance(data[key], Mapping):
+                    raise ServerSettingsError(f"{where}.{key}: expected a mapping")
+                values[key] = dict(data[key])
+            else:  # str, Path
+                values[key] = _get_str(data, key, where, None)
+        return cls(values)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in reference_settings.setting_types():
+            return self.values.get(name)
+        raise AttributeError(name)
 
     def argv(self) -> list[str]:
-        """The flags, in the server's own names (`reference.server.build_parser`)."""
-        flags = [
-            ("--policy", self.policy),
-            ("--action-stats", self.action_stats_path),
-            ("--normalization", self.normalization),
-            ("--max-batch-size", self.max_batch_size),
-            ("--padded-action-dim", self.padded_action_dim),
-            ("--latency-fixed-s", self.latency_fixed_s),
-            ("--latency-per-item-s", self.latency_per_item_s),
-            ("--model-name", self.model_name),
-            ("--family", self.family),
-            ("--norm-stats", self.norm_stats_path),
-        ]
-        return [arg for flag, value in flags if value is not None for arg in (flag, str(value))]
+        """The flags, in the server's own names (`reference.settings.to_argv`)."""
+        return reference_settings.to_argv(self.values)
 
 
 @dataclass(frozen=True)
