@@ -78,3 +78,15 @@ def test_every_shipped_config_uses_the_new_layout():
             continue
         policy = (yaml.safe_load(path.read_text()) or {}).get("policy") or {}
         assert not fields & set(policy), f"{path.name}: Cosmos3 fields outside policy.cosmos3"
+
+
+def test_nothing_under_rollout_imports_the_config_layer():
+    """The rollout job is composed above `libero_eval.config` (RunSettings.rollout_job) and
+    handed down: no rollout module reaches the config layer."""
+    from test_layout import imports, reachable
+
+    graph = imports()
+    rollout = [m for m in graph if m.startswith("libero_eval.rollout")]
+    assert rollout
+    reached = set().union(*(reachable(graph, m) | graph[m] for m in rollout))
+    assert "libero_eval.config" not in reached

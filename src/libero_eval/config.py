@@ -21,13 +21,14 @@ from typing import Any
 import yaml
 
 from libero_eval import suites as suite_catalog
-from libero_eval.plan import Episode, Shard, make_shards, plan_episodes
+from libero_eval.plan import Episode, Shard, make_shards, plan_episodes, read_shard
 from libero_eval.policy.adapters import PolicyAdapter, make_adapter
 from libero_eval.published import check_published_config
 from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.rollout.render_device import RenderPlan, plan_render_env
 from libero_eval.rollout.runner import ClientSettings, ShardSettings
+from libero_eval.rollout.shard_job import RolloutJob, ShardPaths
 from libero_eval.store import fingerprint
 
 
@@ -524,6 +525,17 @@ class RunSettings:
             backend=self.config["server"]["backend"],
         )
 
+    def rollout_job(self, shard_name: str, envs_per_shard: int, paths: ShardPaths) -> RolloutJob:
+        """A rollout job, composed once: its shard (from ``paths.plan``), where its env workers
+        render (raises `RenderDeviceError` before any env starts) and its settings, with the
+        built adapter. `envs_per_shard` is the job's threads (see :meth:`shard_settings`)."""
+        shard = read_shard(paths.plan, shard_name)
+        render = self.render_plan(shard.slot)
+        settings = self.shard_settings(
+            shard_name, shard.slot, envs_per_shard, paths.event_log, paths.video_dir, render
+        )
+        return RolloutJob(shard=shard, render=render, settings=settings)
+
     def shard_settings(
         self,
         shard: str,
@@ -553,8 +565,7 @@ class RunSettings:
                 mujoco_gl=rollout["mujoco_gl"],
                 render_env=dict(render.env) if render else {},
             ),
-            policy_family=policy["family"],
-            policy_settings=dict(self.policy),
+            adapter=self.adapter,
             client=ClientSettings(
                 timeout_s=policy["http_timeout_s"],
                 max_retries=policy["http_max_retries"],

@@ -35,7 +35,6 @@ import numpy as np
 from libero_eval.eventlog import episode_line, log_event
 from libero_eval.faults import Faults, active_faults
 from libero_eval.plan import Episode
-from libero_eval.policy.adapters import make_adapter
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
 from libero_eval.policy.client import (
     PolicyClient,
@@ -66,13 +65,14 @@ class ClientSettings:
 
 @dataclass
 class ShardSettings:
+    """What a shard runs with; composed above this layer (`libero_eval.config.RunSettings`)."""
+
     run_id: str
     shard: str
     slot: int
     protocol: EpisodeProtocol  # its seed is the run's seed (recorded in every row)
     env: EnvSettings
-    policy_family: str
-    policy_settings: dict[str, Any]
+    adapter: PolicyAdapter  # built once, by whoever composed the job (its statistics loaded)
     client: ClientSettings = field(default_factory=ClientSettings)
     envs_per_shard: int = 2
     max_inflight_requests: int = 1  # = env groups: group g holds workers g, g+G, g+2G, ...
@@ -244,7 +244,6 @@ class ShardRunner:
         settings: ShardSettings,
         store: EpisodeStore,
         server_url: str,
-        adapter: PolicyAdapter | None = None,
         progress: Callable[[int, int, int], None] | None = None,
         max_batch_size: int = 1,
         faults: Faults | None = None,
@@ -254,7 +253,7 @@ class ShardRunner:
         self.max_batch_size = max_batch_size
         self.store = store
         self.url = server_url
-        self.adapter = adapter or make_adapter(settings.policy_family, settings.policy_settings)
+        self.adapter = settings.adapter
         self.progress = progress
         self._local = threading.local()
         self._clients: list[PolicyClient | WebsocketPolicyClient] = []
@@ -516,7 +515,7 @@ def run_shard(
     finished = store.finished(episodes)  # one pass over the records, not one per episode
     pending = [ep for ep in episodes if ep not in finished]
     max_batch = 1
-    adapter = make_adapter(settings.policy_family, settings.policy_settings)
+    adapter = settings.adapter
     if pending:
         probe = make_client(
             server_url,
@@ -551,7 +550,6 @@ def run_shard(
         settings,
         store,
         server_url,
-        adapter=adapter,
         progress=on_progress,
         max_batch_size=max_batch,
         faults=active_faults(),
