@@ -14,12 +14,11 @@ from __future__ import annotations
 import hashlib
 import os
 import warnings
-from functools import cache, cached_property
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from libero_eval import settings_schema
 from libero_eval import suites as suite_catalog
 from libero_eval.plan import Episode, Shard, make_shards, plan_episodes, read_shard
 from libero_eval.policy.adapters import PolicyAdapter, make_adapter
@@ -41,23 +40,15 @@ class ConfigDeprecationWarning(FutureWarning):
 
 
 # Each family's own settings section, ``policy.<family>`` (config/schema.yaml).
-FAMILIES = ("cosmos3", "pi05")
+FAMILIES = tuple(settings_schema.section("policy", "family")["enum"])
 # Backends whose server is a GPU process run by a command of its own (not the reference).
 GPU_BACKENDS = ("sglang", "openpi")
 PI05_PIPELINE_CLASS = "Pi05Pipeline"
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
-
-
-@cache
-def schema() -> dict[str, Any]:
-    """config/schema.yaml: the one place a config field's type and default are written."""
-    return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
 def family_fields(family: str) -> tuple[str, ...]:
     """The fields of ``policy.<family>``, as the schema lists them."""
-    policy = schema()["properties"]["policy"]["properties"]
-    return tuple(policy[family]["properties"])
+    return settings_schema.fields("policy", family)
 
 
 def check_family_fields(config: dict[str, Any]) -> None:

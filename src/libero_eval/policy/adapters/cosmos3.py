@@ -30,32 +30,15 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image
 
+from libero_eval import settings_schema
 from libero_eval.policy import actions as action_math
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
 from libero_eval.policy.client import PolicyResponseError
 
-REQUIRED_SETTINGS = (
-    "action_mode",
-    "raw_action_dim",
-    "action_dim",
-    "num_action_chunks",
-    "num_frames",
-    "fps",
-    "action_fps",
-    "action_view_point",
-    "num_inference_steps",
-    "size",
-    "seed",
-    "domain_name",
-    "action_stats_path",
-    "normalization",
-    "gripper_mapping",
-    "orthonormalization",
-    "transport",
-    "response_format",
-)
-# Every `policy.cosmos3.*` field (the others are optional).
-POLICY_FIELDS = (*REQUIRED_SETTINGS, "guidance_scale")
+# Every `policy.cosmos3.*` field, as config/schema.yaml lists them (once); all but
+# guidance_scale are required.
+POLICY_FIELDS = settings_schema.fields("policy", "cosmos3")
+REQUIRED_SETTINGS = tuple(key for key in POLICY_FIELDS if key != "guidance_scale")
 CHOICES = {
     "action_mode": ("policy",),
     "normalization": tuple(action_math.NORMALIZATION_BLOCKS),
