@@ -360,11 +360,6 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def rollout_fingerprint(config: dict[str, Any]) -> str:
-    """Hash of every setting that changes an episode's outcome (not throughput knobs)."""
-    return RunSettings(config).fingerprint
-
-
 def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
     rollout = dict(config["rollout"])
     for knob in (
