@@ -90,3 +90,14 @@ def test_nothing_under_rollout_imports_the_config_layer():
     assert rollout
     reached = set().union(*(reachable(graph, m) | graph[m] for m in rollout))
     assert "libero_eval.config" not in reached
+
+
+def test_the_workflow_reads_an_old_layout_overlay_and_prints_the_deprecation(tmp_path):
+    from test_cosmos3_config import dry_run, overlay
+
+    old = overlay(tmp_path, policy={"family": "cosmos3", "num_inference_steps": 30})
+    result = dry_run(REPO / "config" / "config.yaml", old)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-3000:]
+    assert "Config warning: policy.num_inference_steps: deprecated layout" in out
+    assert "policy.cosmos3.num_inference_steps" in out

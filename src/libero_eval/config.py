@@ -51,7 +51,7 @@ def family_fields(family: str) -> tuple[str, ...]:
     return settings_schema.fields("policy", family)
 
 
-def check_family_fields(config: dict[str, Any]) -> None:
+def check_family_fields(config: dict[str, Any]) -> list[str]:
     """Upgrade an older layout and reject settings of the other model family; call BEFORE
     schema validation fills defaults (the schema gives every field a default, so this runs on
     the config as written).
@@ -59,13 +59,15 @@ def check_family_fields(config: dict[str, Any]) -> None:
     Each family's settings are under ``policy.<family>``. Cosmos3 fields written directly under
     ``policy`` (the layout before issue 21) are moved to ``policy.cosmos3`` with a
     :class:`ConfigDeprecationWarning` naming the old and the new key; where both are set, the
-    old key (e.g. from an overlay written for the old layout) wins.
+    old key (e.g. from an overlay written for the old layout) wins. Returns the warnings'
+    messages (the workflow prints them).
     """
     policy = config.get("policy") or {}
     if not isinstance(policy, dict):
-        return  # the schema reports it
+        return []  # the schema reports it
     family = policy.get("family", "cosmos3")
     old_layout = [key for key in family_fields("cosmos3") if key in policy]
+    deprecations: list[str] = []
     if family == "pi05":
         if old_layout:
             raise ConfigError(
@@ -77,18 +79,16 @@ def check_family_fields(config: dict[str, Any]) -> None:
     elif old_layout:
         section = policy.get("cosmos3")
         if section is not None and not isinstance(section, dict):
-            return  # the schema reports it
+            return []  # the schema reports it
         section = dict(section or {})
         for key in old_layout:
             section[key] = policy.pop(key)
         policy["cosmos3"] = section
-        warnings.warn(
+        deprecations.append(
             f"{', '.join('policy.' + key for key in old_layout)}: deprecated layout, read as "
             f"{', '.join('policy.cosmos3.' + key for key in old_layout)}. Cosmos3 settings "
             "now live under policy.cosmos3 (like π0.5's under policy.pi05): move them there "
-            "(an old key overrides its policy.cosmos3 twin)",
-            ConfigDeprecationWarning,
-            stacklevel=2,
+            "(an old key overrides its policy.cosmos3 twin)"
         )
     foreign = [section for section in FAMILIES if section != family and section in policy]
     if foreign:
@@ -103,6 +103,9 @@ def check_family_fields(config: dict[str, Any]) -> None:
             "policy.family: pi05 (and drop policy.cosmos3), or remove "
             f"policy.{foreign[0]}"
         )
+    for message in deprecations:
+        warnings.warn(message, ConfigDeprecationWarning, stacklevel=2)
+    return deprecations
 
 
 def check_config(config: dict[str, Any]) -> RunSettings:
