@@ -160,7 +160,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     family = config["policy"].get("family", "cosmos3")
     policy = dict(config["policy"])
     if family == "cosmos3":
-        policy["action_stats_path"] = str(REPO_ROOT / policy["action_stats_path"])
+        cosmos3 = policy["cosmos3"]
+        policy = {**cosmos3, "action_stats_path": str(REPO_ROOT / cosmos3["action_stats_path"])}
     else:  # the served checkpoint decides the request layout (libero_eval.policy.pi05_checkpoint)
         policy["pi05"] = dict(policy["pi05"], checkpoint=str(args.model_path))
     adapter = make_adapter(family, policy)

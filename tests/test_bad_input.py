@@ -110,9 +110,9 @@ def test_nonexistent_stats_path_is_named_with_the_fix(workdir):
     error = snakemake_error(
         workdir,
         "run_id: bad_input\nserver: {reference: {policy: hold}}\n"
-        "policy: {action_stats_path: /nonexistent/stats.json}\n",
+        "policy: {cosmos3: {action_stats_path: /nonexistent/stats.json}}\n",
     )
-    assert "policy.action_stats_path: /nonexistent/stats.json does not exist" in error
+    assert "policy.cosmos3.action_stats_path: /nonexistent/stats.json does not exist" in error
     assert "point it at a Cosmos3 action-stats JSON" in error
 
 
@@ -134,9 +134,9 @@ def test_stats_file_of_the_wrong_shape_is_named_with_the_fix(workdir):
     error = snakemake_error(
         workdir,
         "run_id: bad_input\nserver: {reference: {policy: hold}}\n"
-        "policy: {action_stats_path: stats7.json}\n",
+        "policy: {cosmos3: {action_stats_path: stats7.json}}\n",
     )
-    assert "policy.action_stats_path: action stats file stats7.json" in error
+    assert "policy.cosmos3.action_stats_path: action stats file stats7.json" in error
     assert "block 'global_raw', key 'q01': expected a list of 10 numbers, got length 7" in error
 
 

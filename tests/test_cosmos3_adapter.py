@@ -295,29 +295,32 @@ def test_empty_batch_is_rejected(adapter):
 def test_missing_settings_are_named_with_their_config_key():
     settings = reference_settings()
     del settings["domain_name"], settings["seed"]
-    with pytest.raises(ValueError, match="policy.seed, policy.domain_name"):
+    with pytest.raises(ValueError, match="policy.cosmos3.seed, policy.cosmos3.domain_name"):
         Cosmos3Adapter(settings)
 
 
 @pytest.mark.parametrize(
     ("override", "message"),
     [
-        ({"num_frames": 16}, r"policy.num_frames must be 4k \+ 1"),
-        ({"raw_action_dim": 7}, "policy.raw_action_dim must be 10"),
-        ({"action_dim": 10}, "policy.action_dim must be 7"),
-        ({"num_action_chunks": 0}, "policy.num_action_chunks must be an integer >= 1"),
-        ({"fps": 20.5}, "policy.fps must be an integer"),
-        ({"seed": True}, "policy.seed must be an integer"),
-        ({"action_fps": "fast"}, "policy.action_fps must be a finite number"),
-        ({"size": "320-192"}, "policy.size must be 'WIDTHxHEIGHT'"),
-        ({"action_mode": "inverse_dynamics"}, r"policy.action_mode must be one of \['policy'\]"),
-        ({"normalization": "mean_std"}, "policy.normalization must be one of"),
-        ({"gripper_mapping": "sign"}, "policy.gripper_mapping must be one of"),
-        ({"orthonormalization": "qr"}, "policy.orthonormalization must be one of"),
-        ({"transport": "grpc"}, "policy.transport must be one of"),
-        ({"response_format": "json"}, "policy.response_format must be one of"),
-        ({"guidance_scale": float("nan")}, "policy.guidance_scale must be a finite number"),
-        ({"domain_name": ""}, "policy.domain_name must be a non-empty string"),
+        ({"num_frames": 16}, r"policy.cosmos3.num_frames must be 4k \+ 1"),
+        ({"raw_action_dim": 7}, "policy.cosmos3.raw_action_dim must be 10"),
+        ({"action_dim": 10}, "policy.cosmos3.action_dim must be 7"),
+        ({"num_action_chunks": 0}, "policy.cosmos3.num_action_chunks must be an integer >= 1"),
+        ({"fps": 20.5}, "policy.cosmos3.fps must be an integer"),
+        ({"seed": True}, "policy.cosmos3.seed must be an integer"),
+        ({"action_fps": "fast"}, "policy.cosmos3.action_fps must be a finite number"),
+        ({"size": "320-192"}, "policy.cosmos3.size must be 'WIDTHxHEIGHT'"),
+        (
+            {"action_mode": "inverse_dynamics"},
+            r"policy.cosmos3.action_mode must be one of \['policy'\]",
+        ),
+        ({"normalization": "mean_std"}, "policy.cosmos3.normalization must be one of"),
+        ({"gripper_mapping": "sign"}, "policy.cosmos3.gripper_mapping must be one of"),
+        ({"orthonormalization": "qr"}, "policy.cosmos3.orthonormalization must be one of"),
+        ({"transport": "grpc"}, "policy.cosmos3.transport must be one of"),
+        ({"response_format": "json"}, "policy.cosmos3.response_format must be one of"),
+        ({"guidance_scale": float("nan")}, "policy.cosmos3.guidance_scale must be a finite number"),
+        ({"domain_name": ""}, "policy.cosmos3.domain_name must be a non-empty string"),
     ],
 )
 def test_bad_settings_are_rejected_with_the_key(override, message):

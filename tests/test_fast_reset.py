@@ -77,9 +77,9 @@ def test_reset_mode_is_a_throughput_knob_default_fast_and_reaches_the_env(defaul
     from libero_eval import config as settings
 
     assert default_config["rollout"]["reset_mode"] == "fast"
-    fast = settings.rollout_fingerprint(default_config)
+    fast = settings.RunSettings(default_config).fingerprint
     default_config["rollout"]["reset_mode"] = "hard"
-    assert settings.rollout_fingerprint(default_config) == fast
+    assert settings.RunSettings(default_config).fingerprint == fast
     shard = settings.RunSettings(default_config).shard_settings("shard000", 0, 1)
     assert shard.env.reset_mode == "hard"
 

@@ -120,14 +120,14 @@ def test_bad_pi05_settings_name_the_field_and_the_fix(path, sections, message):
 
 def test_fingerprints_separate_families_and_keep_cosmos3s():
     cosmos3 = checked(merged())
-    before = settings.rollout_fingerprint(cosmos3)
+    before = settings.RunSettings(cosmos3).fingerprint
     cosmos3["policy"]["pi05"]["replan_steps"] = 8  # not a Cosmos3 setting: no effect
-    assert settings.rollout_fingerprint(cosmos3) == before
+    assert settings.RunSettings(cosmos3).fingerprint == before
     pi05 = checked(merged(SGLANG_CONFIG))
     replanned = checked(merged(SGLANG_CONFIG, policy={"pi05": {"replan_steps": 8}}))
     wire = checked(merged(SGLANG_CONFIG, policy={"pi05": {"wire_format": "json"}}))
-    assert settings.rollout_fingerprint(pi05) != settings.rollout_fingerprint(replanned)
-    assert settings.rollout_fingerprint(pi05) == settings.rollout_fingerprint(wire)
+    assert settings.RunSettings(pi05).fingerprint != settings.RunSettings(replanned).fingerprint
+    assert settings.RunSettings(pi05).fingerprint == settings.RunSettings(wire).fingerprint
 
 
 def test_pi05_sglang_dry_run_has_one_pi05_server_per_gpu(tmp_path):

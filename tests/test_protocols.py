@@ -243,8 +243,7 @@ def test_result_row_records_the_protocol_seed_and_the_episodes_reset_seed():
         slot=0,
         protocol=protocol,
         env=EnvSettings(),
-        policy_family="cosmos3",
-        policy_settings={},
+        adapter=None,  # a result row does not ask the policy
     )
     row = _record(settings, Episode("libero_goal", 4, 9), None, None)
     assert row["seed"] == 7 and row["reset_seeding"] == "episode"

@@ -316,16 +316,16 @@ def test_check_config_names_the_bad_field_without_the_schema(base_config, field,
 
 
 def test_published_figures_are_not_part_of_the_rollout_fingerprint(base_config):
-    from libero_eval.config import rollout_fingerprint
+    from libero_eval.config import RunSettings
 
     config = copy.deepcopy(base_config)
     validate(config, SCHEMA)
     changed = copy.deepcopy(config)
     changed["report"]["published"] = {"overall": {"rate": 0.5, "n": 10, "source": "p"}}
     changed["report"]["published_alpha"] = 0.01
-    assert rollout_fingerprint(changed) == rollout_fingerprint(config)
+    assert RunSettings(changed).fingerprint == RunSettings(config).fingerprint
     changed["rollout"]["max_steps"] = 7  # the check itself can fail
-    assert rollout_fingerprint(changed) != rollout_fingerprint(config)
+    assert RunSettings(changed).fingerprint != RunSettings(config).fingerprint
 
 
 def test_the_documented_block_and_numbers_hold(base_config):

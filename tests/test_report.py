@@ -191,9 +191,9 @@ def test_provenance_records_commit_stats_hash_model_and_versions(tmp_path, defau
     config = {
         "run_id": "prov",
         "server": {"backend": "sglang", "sglang": {"model_path": str(model_dir), "command": ["s"]}},
-        "policy": {"action_stats_path": str(STATS)},
+        "policy": {"cosmos3": {"action_stats_path": str(STATS)}},
     }
-    default_config["policy"]["action_stats_path"] = str(STATS)
+    default_config["policy"]["cosmos3"]["action_stats_path"] = str(STATS)
     action_stats = RunSettings(default_config).action_stats  # as the workflow's settings read it
     record = report.provenance(
         config, REPO, fingerprint="abc123", episodes=make_episodes(), action_stats=action_stats

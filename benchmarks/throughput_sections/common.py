@@ -70,7 +70,7 @@ def default_config(**overrides: Any) -> dict[str, Any]:
 
     config: dict[str, Any] = {"run_id": "bench_throughput", **overrides}
     validate(config, str(SCHEMA))
-    config["policy"]["action_stats_path"] = str(STATS)
+    config["policy"]["cosmos3"]["action_stats_path"] = str(STATS)
     return config
 
 

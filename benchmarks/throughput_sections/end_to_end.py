@@ -110,6 +110,7 @@ def _shard_main(
 ) -> None:
     """One rollout shard in its own process, like a workflow rollout job."""
     from libero_eval.plan import Episode
+    from libero_eval.policy.adapters import make_adapter
     from libero_eval.rollout.env_worker import EnvSettings
     from libero_eval.rollout.protocols import get_protocol
     from libero_eval.rollout.runner import ShardRunner, ShardSettings
@@ -122,8 +123,7 @@ def _shard_main(
         slot=0,
         protocol=get_protocol("rlinf", max_steps, config["plan"]["seed"]),
         env=EnvSettings(render_mode="on_demand"),
-        policy_family="cosmos3",
-        policy_settings=config["policy"],
+        adapter=make_adapter("cosmos3", config["policy"]["cosmos3"]),
         envs_per_shard=cell.envs_per_shard,
         max_inflight_requests=cell.inflight,
     )

@@ -92,7 +92,7 @@ def section_d(args: argparse.Namespace, env_result: EnvResult | None) -> dict[st
     import pickle
 
     observation = _observation_for_d(env_result, args)
-    policy = default_config()["policy"]
+    policy = default_config()["policy"]["cosmos3"]
     one_call_s = args.latency_fixed_s + args.latency_per_item_s
     rows, records = [], []
     for transport in ("msgpack", "png_base64"):

@@ -13,18 +13,22 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from libero_eval import settings_schema
 from libero_eval import suites as suite_catalog
-from libero_eval.plan import Episode, Shard, make_shards, plan_episodes
+from libero_eval.plan import Episode, Shard, make_shards, plan_episodes, read_shard
 from libero_eval.policy.adapters import PolicyAdapter, make_adapter
+from libero_eval.policy.connection import policy_connection_spec
 from libero_eval.published import check_published_config
 from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.rollout.render_device import RenderPlan, plan_render_env
 from libero_eval.rollout.runner import ClientSettings, ShardSettings
+from libero_eval.rollout.shard_job import RolloutJob, ShardPaths
 from libero_eval.store import fingerprint
 
 
@@ -32,40 +36,77 @@ class ConfigError(ValueError):
     """A config value that cannot work; the message names the field and the fix."""
 
 
-FAMILY_SECTIONS = {"pi05": "pi05"}  # family -> its own policy subsection
+class ConfigDeprecationWarning(FutureWarning):
+    """A config key of an older layout, still read; the message names the old and new key."""
+
+
+# Each family's own settings section, ``policy.<family>`` (config/schema.yaml).
+FAMILIES = tuple(settings_schema.section("policy", "family")["enum"])
+# Backends whose server is a GPU process run by a command of its own (not the reference).
+GPU_BACKENDS = ("sglang", "openpi")
 PI05_PIPELINE_CLASS = "Pi05Pipeline"
 
 
-def check_family_fields(config: dict[str, Any]) -> None:
-    """Reject settings of the other model family; call BEFORE schema validation fills defaults
-    (the schema gives every field a default, so this runs on the config as written).
+def family_fields(family: str) -> tuple[str, ...]:
+    """The fields of ``policy.<family>``, as the schema lists them."""
+    return settings_schema.fields("policy", family)
 
-    A π0.5 config carries its settings under ``policy.pi05``; a Cosmos3 config carries them
-    directly under ``policy``.
+
+def check_family_fields(config: dict[str, Any]) -> list[str]:
+    """Upgrade an older layout and reject settings of the other model family; call BEFORE
+    schema validation fills defaults (the schema gives every field a default, so this runs on
+    the config as written).
+
+    Each family's settings are under ``policy.<family>``. Cosmos3 fields written directly under
+    ``policy`` (the layout before issue 21) are moved to ``policy.cosmos3`` with a
+    :class:`ConfigDeprecationWarning` naming the old and the new key; where both are set, the
+    old key (e.g. from an overlay written for the old layout) wins. Returns the warnings'
+    messages (the workflow prints them).
     """
     policy = config.get("policy") or {}
     if not isinstance(policy, dict):
-        return  # the schema reports it
+        return []  # the schema reports it
     family = policy.get("family", "cosmos3")
+    old_layout = [key for key in family_fields("cosmos3") if key in policy]
+    deprecations: list[str] = []
     if family == "pi05":
-        from libero_eval.policy.adapters.cosmos3 import POLICY_FIELDS as COSMOS3_POLICY_FIELDS
-
-        foreign = [key for key in COSMOS3_POLICY_FIELDS if key in policy]
-        if foreign:
+        if old_layout:
             raise ConfigError(
-                f"{', '.join('policy.' + key for key in foreign)}: Cosmos3 setting(s), but "
+                f"{', '.join('policy.' + key for key in old_layout)}: Cosmos3 setting(s), but "
                 "policy.family is pi05. Remove them; π0.5 settings go under policy.pi05 (see "
                 "config/libero_pi05_sglang.yaml). Are two configs of different families "
                 "stacked with --configfile?"
             )
-    else:
-        foreign = [section for fam, section in FAMILY_SECTIONS.items() if section in policy]
-        if foreign:
+    elif old_layout:
+        section = policy.get("cosmos3")
+        if section is not None and not isinstance(section, dict):
+            return []  # the schema reports it
+        section = dict(section or {})
+        for key in old_layout:
+            section[key] = policy.pop(key)
+        policy["cosmos3"] = section
+        deprecations.append(
+            f"{', '.join('policy.' + key for key in old_layout)}: deprecated layout, read as "
+            f"{', '.join('policy.cosmos3.' + key for key in old_layout)}. Cosmos3 settings "
+            "now live under policy.cosmos3 (like π0.5's under policy.pi05): move them there "
+            "(an old key overrides its policy.cosmos3 twin)"
+        )
+    foreign = [section for section in FAMILIES if section != family and section in policy]
+    if foreign:
+        if family == "pi05":
             raise ConfigError(
-                f"policy.{foreign[0]}: π0.5 settings, but policy.family is {family}. Set "
-                "policy.family: pi05 (and drop the Cosmos3 policy fields), or remove "
-                f"policy.{foreign[0]}"
+                "policy.cosmos3: Cosmos3 settings, but policy.family is pi05. Remove them; π0.5 "
+                "settings go under policy.pi05 (see config/libero_pi05_sglang.yaml). Are two "
+                "configs of different families stacked with --configfile?"
             )
+        raise ConfigError(
+            f"policy.{foreign[0]}: π0.5 settings, but policy.family is {family}. Set "
+            "policy.family: pi05 (and drop policy.cosmos3), or remove "
+            f"policy.{foreign[0]}"
+        )
+    for message in deprecations:
+        warnings.warn(message, ConfigDeprecationWarning, stacklevel=2)
+    return deprecations
 
 
 def check_config(config: dict[str, Any]) -> RunSettings:
@@ -139,13 +180,17 @@ def pi05_checkpoint(config: dict[str, Any]) -> str | None:
     return (server.get("sglang") or {}).get("model_path")
 
 
-def adapter_policy(config: dict[str, Any]) -> dict[str, Any]:
-    """``policy.*`` with ``policy.pi05.checkpoint`` resolved (:func:`pi05_checkpoint`)."""
+def family_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """``policy.<family>``, the settings the family's adapter takes, with
+    ``policy.pi05.checkpoint`` resolved (:func:`pi05_checkpoint`)."""
     policy = config["policy"]
-    checkpoint = pi05_checkpoint(config)
-    if checkpoint is None:
-        return policy
-    return {**policy, "pi05": {**(policy.get("pi05") or {}), "checkpoint": checkpoint}}
+    family = policy["family"]
+    settings = dict(policy[family])
+    if family == "pi05":
+        checkpoint = pi05_checkpoint(config)
+        if checkpoint is not None:
+            settings["checkpoint"] = checkpoint
+    return settings
 
 
 def reference_pi05_model(config: dict[str, Any]) -> str:
@@ -202,31 +247,20 @@ def _check_pi05(config: dict[str, Any], settings: RunSettings) -> None:
 
 
 def _check_cosmos3(config: dict[str, Any], settings: RunSettings) -> None:
-    policy, server = config["policy"], config["server"]
-    if policy["raw_action_dim"] != 10:
-        raise ConfigError(
-            f"policy.raw_action_dim is {policy['raw_action_dim']}; Cosmos3 LIBERO actions have "
-            "10 channels [dxyz, rot6d, gripper]: set it to 10"
-        )
-    if policy["action_dim"] != 7:
-        raise ConfigError(
-            f"policy.action_dim is {policy['action_dim']}; LIBERO actions are 7-D: set it to 7"
-        )
-    chunks, frames = policy["num_action_chunks"], policy["num_frames"]
+    """Cosmos3: what its adapter does not check itself (the statistics file exists, the
+    server's files); the adapter checks its own fields when it is built."""
+    cosmos3, server = config["policy"]["cosmos3"], config["server"]
+    chunks, frames = cosmos3["num_action_chunks"], cosmos3["num_frames"]
     if frames != chunks + 1:
         raise ConfigError(
-            f"policy.num_frames ({frames}) must equal policy.num_action_chunks + 1 "
-            f"({chunks + 1}); Cosmos3 predicts num_frames - 1 actions"
+            f"policy.cosmos3.num_frames ({frames}) must equal policy.cosmos3.num_action_chunks "
+            f"+ 1 ({chunks + 1}); Cosmos3 predicts num_frames - 1 actions"
         )
-    if (frames - 1) % 4:
-        raise ConfigError(
-            f"policy.num_frames ({frames}) must be 4k + 1 for Cosmos3's temporal VAE, e.g. 17"
-        )
-    stats_path = Path(policy["action_stats_path"])
+    stats_path = Path(cosmos3["action_stats_path"])
     if not stats_path.is_file():
         raise ConfigError(
-            f"policy.action_stats_path: {stats_path} does not exist (relative paths start at "
-            f"{Path.cwd()}); point it at a Cosmos3 action-stats JSON such as "
+            f"policy.cosmos3.action_stats_path: {stats_path} does not exist (relative paths "
+            f"start at {Path.cwd()}); point it at a Cosmos3 action-stats JSON such as "
             "config/stats/libero_native_frame_wise_relative_rot6d.json"
         )
     settings.adapter  # loads and checks the statistics file  # noqa: B018
@@ -330,11 +364,6 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def rollout_fingerprint(config: dict[str, Any]) -> str:
-    """Hash of every setting that changes an episode's outcome (not throughput knobs)."""
-    return RunSettings(config).fingerprint
-
-
 def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
     rollout = dict(config["rollout"])
     for knob in (
@@ -383,11 +412,16 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
     devices = None
     if server["gpu_ids"] is not None:
         devices = server["gpu_ids"][slot * per_slot : (slot + 1) * per_slot]
-    elif server["backend"] in ("sglang", "openpi") and "SLURM_JOB_ID" not in os.environ:
+    elif server["backend"] in GPU_BACKENDS and "SLURM_JOB_ID" not in os.environ:
         # Locally nothing assigns GPUs: slot k takes devices k*n .. k*n+n-1.
         devices = list(range(slot * per_slot, (slot + 1) * per_slot))
     gpu_id = devices[0] if devices is not None and len(devices) == 1 else devices
-    reference = server["reference"]
+    # server.reference as the reference server's own settings name them
+    # (reference.settings.ReferenceServerSettings); norm_stats_path is π0.5's only
+    reference = {k: v for k, v in server["reference"].items() if k != "norm_stats_path"}
+    reference["model_name"] = f"reference-{reference['policy']}"
+    if config["policy"]["family"] == "pi05":
+        reference.update(family="pi05", norm_stats_path=reference_pi05_model(config))
     return {
         "backend": server["backend"],
         "slot": slot,
@@ -400,21 +434,7 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
         "teardown_grace_s": server["teardown_grace_s"],
         "cpu_threads": server["cpu_threads"],
         "gpu_id": gpu_id,
-        "reference": {
-            "policy": reference["policy"],
-            "action_stats_path": reference["action_stats_path"],
-            "normalization": reference["normalization"],
-            "max_batch_size": reference["max_batch_size"],
-            "padded_action_dim": reference["padded_action_dim"],
-            "latency_fixed_s": reference["latency_fixed_s"],
-            "latency_per_item_s": reference["latency_per_item_s"],
-            "model_name": f"reference-{reference['policy']}",
-            **(
-                {"family": "pi05", "norm_stats_path": reference_pi05_model(config)}
-                if config["policy"]["family"] == "pi05"
-                else {}
-            ),
-        },
+        "reference": reference,
         "sglang": dict(server["sglang"]),
         "openpi": dict(server["openpi"]),
     }
@@ -434,28 +454,32 @@ class RunSettings:
     def run_id(self) -> str:
         return self.config["run_id"]
 
+    @property
+    def server_on_gpu(self) -> bool:
+        """Whether a slot's server runs on a GPU (:data:`GPU_BACKENDS`): its job asks for one."""
+        return self.config["server"]["backend"] in GPU_BACKENDS
+
     @cached_property
     def protocol(self) -> EpisodeProtocol:
         return episode_protocol(self.config)
 
     @cached_property
     def policy(self) -> dict[str, Any]:
-        """``policy.*`` as the adapter takes it: a π0.5 checkpoint left null is the SGLang
-        server's own model directory (``server.sglang.model_path``)."""
-        return adapter_policy(self.config)
+        """``policy.<family>`` as the family's adapter takes it (:func:`family_settings`)."""
+        return family_settings(self.config)
 
     @cached_property
     def adapter(self) -> PolicyAdapter:
         """The policy family's adapter: its settings checked, its statistics file (if the client
         de-normalizes) loaded, checked and hashed; the one place the statistics are read."""
-        policy = self.policy
+        family = self.config["policy"]["family"]
         try:
-            return make_adapter(policy["family"], policy)
+            return make_adapter(family, self.policy)
         except (OSError, ValueError) as exc:
             message = str(exc)
             if message.startswith("policy."):
                 raise ConfigError(message) from None
-            field = "policy.pi05" if policy["family"] == "pi05" else "policy.action_stats_path"
+            field = "policy.pi05" if family == "pi05" else "policy.cosmos3.action_stats_path"
             raise ConfigError(f"{field}: {message}") from None
 
     @cached_property
@@ -491,6 +515,17 @@ class RunSettings:
             backend=self.config["server"]["backend"],
         )
 
+    def rollout_job(self, shard_name: str, envs_per_shard: int, paths: ShardPaths) -> RolloutJob:
+        """A rollout job, composed once: its shard (from ``paths.plan``), where its env workers
+        render (raises `RenderDeviceError` before any env starts) and its settings, with the
+        built adapter. `envs_per_shard` is the job's threads (see :meth:`shard_settings`)."""
+        shard = read_shard(paths.plan, shard_name)
+        render = self.render_plan(shard.slot)
+        settings = self.shard_settings(
+            shard_name, shard.slot, envs_per_shard, paths.event_log, paths.video_dir, render
+        )
+        return RolloutJob(shard=shard, render=render, settings=settings)
+
     def shard_settings(
         self,
         shard: str,
@@ -520,8 +555,8 @@ class RunSettings:
                 mujoco_gl=rollout["mujoco_gl"],
                 render_env=dict(render.env) if render else {},
             ),
-            policy_family=policy["family"],
-            policy_settings=dict(self.policy),
+            adapter=self.adapter,
+            endpoint=policy_connection_spec("", policy["family"], family_settings(self.config)),
             client=ClientSettings(
                 timeout_s=policy["http_timeout_s"],
                 max_retries=policy["http_max_retries"],

@@ -22,10 +22,10 @@ class SelfTestFailed(RuntimeError):
 
 
 CHECKS = (
-    "policy.normalization / action_stats_path (quantile_rot needs the global_raw block)",
+    "policy.cosmos3.normalization / action_stats_path (quantile_rot needs the global_raw block)",
     "rot6d layout: the first two COLUMNS of the rotation matrix",
-    "policy.gripper_mapping: g = 1 is open (LIBERO -1)",
-    "policy.num_action_chunks / num_frames",
+    "policy.cosmos3.gripper_mapping: g = 1 is open (LIBERO -1)",
+    "policy.cosmos3.num_action_chunks / num_frames",
     "π0.5: the checkpoint (policy.pi05.checkpoint or server.sglang.model_path), its "
     "normalization and lerobot_prompt or discrete_state_input, replan_steps",
 )

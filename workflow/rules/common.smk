@@ -10,7 +10,9 @@ from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
 
 try:
-    check_family_fields(config)  # before validate() fills in defaults
+    # before validate() fills in defaults; an older layout is upgraded, with a warning
+    for deprecation in check_family_fields(config):
+        print(f"Config warning: {deprecation}", file=sys.stderr)
 except ConfigError as error:
     raise WorkflowError(f"Invalid config: {error}")
 validate(config, schema="../../config/schema.yaml")
@@ -155,11 +157,7 @@ def slurm_placement(server=False):
         )
         if slurm[field]
     }
-    if (
-        server
-        and slurm["gpu_model"]
-        and config["server"]["backend"] in ("sglang", "openpi")
-    ):
+    if server and slurm["gpu_model"] and SETTINGS.server_on_gpu:
         placement["gpu_model"] = slurm["gpu_model"]
     return placement
 

@@ -10,7 +10,7 @@ rule serve:
     threads: 0
     resources:
         **slurm_placement(server=True),
-        gpu=lambda wc: 1 if config["server"]["backend"] in ("sglang", "openpi") else 0,
+        gpu=1 if SETTINGS.server_on_gpu else 0,
         mem_mb=config["slurm"]["server_mem_mb"],
         runtime=get_slot_runtime,
     params:

@@ -4,7 +4,8 @@ import os
 from pathlib import Path
 
 from libero_eval.config import RunSettings
-from libero_eval.rollout.shard_job import ShardPaths, run_shard_job
+from libero_eval.rollout.render_device import RenderDeviceError
+from libero_eval.rollout.shard_job import ShardPaths, refuse_to_start, run_shard_job
 
 # Env workers are spawned processes that re-import this file: only the parent runs the shard.
 if __name__ == "__main__":
@@ -13,18 +14,23 @@ if __name__ == "__main__":
         # fd-level redirect so env worker processes log here too
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
-        run_shard_job(
-            settings=RunSettings(snakemake.config),
-            shard_name=snakemake.wildcards.shard,
-            # the rule's threads: rollout.envs_per_shard, lowered by Snakemake to --cores
-            envs_per_shard=snakemake.threads,
-            paths=ShardPaths(
-                plan=Path(snakemake.input.plan),
-                output=Path(snakemake.output[0]),
-                store=Path(snakemake.params.store),
-                service_file=Path(snakemake.params.service_file),
-                serve_log=Path(snakemake.params.serve_log),
-                event_log=Path(snakemake.params.event_log),
-                video_dir=Path(snakemake.params.video_dir),
-            ),
+        paths = ShardPaths(
+            plan=Path(snakemake.input.plan),
+            output=Path(snakemake.output[0]),
+            store=Path(snakemake.params.store),
+            service_file=Path(snakemake.params.service_file),
+            serve_log=Path(snakemake.params.serve_log),
+            event_log=Path(snakemake.params.event_log),
+            video_dir=Path(snakemake.params.video_dir),
         )
+        shard_name = snakemake.wildcards.shard
+        try:  # the job composed once, above the rollout layer: render plan, settings, adapter
+            job = RunSettings(snakemake.config).rollout_job(
+                shard_name,
+                # the rule's threads: rollout.envs_per_shard, lowered by Snakemake to --cores
+                snakemake.threads,
+                paths,
+            )
+        except RenderDeviceError as exc:  # before any env starts
+            refuse_to_start(shard_name, paths.event_log, exc)
+        run_shard_job(job, paths)

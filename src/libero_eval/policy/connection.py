@@ -19,7 +19,7 @@ settings' server-facing keys (``policy.transport``, ``policy.pi05.api`` and
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from libero_eval.policy.adapters.pi05 import DEFAULTS as PI05_DEFAULTS
@@ -66,11 +66,16 @@ class ConnectionSpec:
         if not self.health_path.startswith("/"):
             raise ValueError(f"health path must start with '/', got {self.health_path!r}")
 
+    def at(self, url: str) -> ConnectionSpec:
+        """The same endpoint at ``url`` (a job learns its server's URL from the service file)."""
+        return replace(self, url=url)
+
 
 def policy_connection_spec(url: str, family: str, settings: dict[str, Any]) -> ConnectionSpec:
-    """The endpoint the policy settings of ``family`` talk to at ``url``.
+    """The endpoint that ``family``'s settings (``policy.<family>``) talk to at ``url``.
 
-    Cosmos3: SGLang's HTTP action API, ``policy.transport`` msgpack or png_base64 (JSON).
+    Cosmos3: SGLang's HTTP action API, ``policy.cosmos3.transport`` msgpack or png_base64
+    (JSON).
     π0.5: ``policy.pi05.api`` (see :data:`PI05_API_ENDPOINTS`); ``sglang_http`` sends
     ``policy.pi05.wire_format``.
     """
@@ -91,7 +96,7 @@ def policy_connection_spec(url: str, family: str, settings: dict[str, Any]) -> C
     transport = settings.get("transport", "msgpack") if isinstance(settings, dict) else None
     if transport not in ("msgpack", "png_base64"):
         raise ValueError(
-            f"policy.transport must be one of ['msgpack', 'png_base64'], got {transport!r}"
+            f"policy.cosmos3.transport must be one of ['msgpack', 'png_base64'], got {transport!r}"
         )
     return ConnectionSpec(url, "http", "msgpack" if transport == "msgpack" else "json")
 

@@ -32,14 +32,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import socket
 import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -57,6 +55,7 @@ from libero_eval.policy.actions import (
     stats_block_for,
 )
 from libero_eval.reference import pi05
+from libero_eval.reference import settings as reference_settings
 from libero_eval.reference.policies import (
     ServerPolicy,
     make_server_policy,
@@ -74,7 +73,7 @@ from libero_eval.reference.responses import (
     raw_response,
     wants_msgpack,
 )
-from libero_eval.reference.settings import FAMILIES, ReferenceServerSettings
+from libero_eval.reference.settings import ReferenceServerSettings
 
 logger = logging.getLogger("libero_eval.reference.server")
 
@@ -465,39 +464,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     parser.add_argument("--port", type=int, default=30000, help="port (default 30000)")
-    parser.add_argument("--policy", default="hold", help="server policy name (default hold)")
-    parser.add_argument(
-        "--policy-kwargs",
-        default="{}",
-        help="JSON object of keyword arguments for the policy constructor (default {})",
-    )
-    parser.add_argument(
-        "--action-stats", required=True, type=Path, help="Cosmos3 LIBERO action stats JSON"
-    )
-    parser.add_argument(
-        "--normalization",
-        default="quantile_rot",
-        help="quantile_rot (stats block global_raw) or quantile (global)",
-    )
-    parser.add_argument("--max-batch-size", type=int, default=8, help="like --batching-max-size")
-    parser.add_argument(
-        "--padded-action-dim",
-        type=int,
-        default=MODEL_ACTION_DIM,
-        help=f"channels per action row, zero-padded beyond {MODEL_ACTION_DIM}",
-    )
-    parser.add_argument("--latency-fixed-s", type=float, default=0.0, help="per-request latency")
-    parser.add_argument("--latency-per-item-s", type=float, default=0.0, help="per-image latency")
-    parser.add_argument("--model-name", default="reference-hold", help="reported model name")
-    parser.add_argument(
-        "--family",
-        default="cosmos3",
-        choices=FAMILIES,
-        help="model family whose SGLang API to serve (default cosmos3)",
-    )
-    parser.add_argument(
-        "--norm-stats", type=Path, default=None, help="π0.5: the model's statistics file"
-    )
+    reference_settings.add_arguments(parser)  # one flag per ReferenceServerSettings field
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
@@ -506,23 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from_args(args: argparse.Namespace) -> ReferenceServerSettings:
     """The server's settings from its parsed flags (the serve job writes them with
-    `serve.settings.ReferenceServerFlags.argv`)."""
-    policy_kwargs = json.loads(args.policy_kwargs)
-    if not isinstance(policy_kwargs, dict):
-        raise ValueError(f"--policy-kwargs must be a JSON object, got {args.policy_kwargs!r}")
-    return ReferenceServerSettings(
-        action_stats_path=args.action_stats,
-        policy=args.policy,
-        policy_kwargs=policy_kwargs,
-        normalization=args.normalization,
-        max_batch_size=args.max_batch_size,
-        padded_action_dim=args.padded_action_dim,
-        latency_fixed_s=args.latency_fixed_s,
-        latency_per_item_s=args.latency_per_item_s,
-        model_name=args.model_name,
-        family=args.family,
-        norm_stats_path=args.norm_stats,
-    )
+    `reference.settings.to_argv`)."""
+    return reference_settings.from_arguments(args)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,11 +4,14 @@ sampling defaults, response formats, and the policy families it can speak for.""
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from libero_eval.policy.actions import MODEL_ACTION_DIM, stats_block_for
 
@@ -56,21 +59,46 @@ RESPONSE_FORMATS = ("envelope", "raw")
 FAMILIES = ("cosmos3", "pi05")
 
 
+def _setting(default: Any = MISSING, help: str = "", flag: str | None = None, **kw: Any) -> Any:
+    """A settings field with its command-line help (and flag, where it is not ``--<name>``)."""
+    metadata = {"help": help, **({"flag": flag} if flag else {})}
+    if "default_factory" in kw:
+        return field(default_factory=kw["default_factory"], metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ReferenceServerSettings:
-    """How the reference server behaves; see ``python -m libero_eval.reference.server -h``."""
+    """How the reference server behaves; see ``python -m libero_eval.reference.server -h``.
 
-    action_stats_path: Path
-    policy: str = "hold"
-    policy_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    normalization: str = "quantile_rot"
-    max_batch_size: int = 8
-    padded_action_dim: int = MODEL_ACTION_DIM
-    latency_fixed_s: float = 0.0
-    latency_per_item_s: float = 0.0
-    model_name: str = "reference-hold"
-    family: str = "cosmos3"  # or "pi05": SGLang's π0.5 API (reference/pi05.py)
-    norm_stats_path: Path | None = None  # π0.5: the model's own statistics
+    The one list of the server's settings: its command-line flags (:func:`add_arguments`,
+    :func:`from_arguments`) and the argv the serve job writes (:func:`to_argv`) are derived
+    from these fields."""
+
+    policy: str = _setting("hold", "server policy name (default hold)")
+    action_stats_path: Path = _setting(
+        help="Cosmos3 LIBERO action stats JSON", flag="--action-stats"
+    )
+    normalization: str = _setting(
+        "quantile_rot", "quantile_rot (stats block global_raw) or quantile (global)"
+    )
+    max_batch_size: int = _setting(8, "like --batching-max-size")
+    padded_action_dim: int = _setting(
+        MODEL_ACTION_DIM, f"channels per action row, zero-padded beyond {MODEL_ACTION_DIM}"
+    )
+    latency_fixed_s: float = _setting(0.0, "per-request latency")
+    latency_per_item_s: float = _setting(0.0, "per-image latency")
+    model_name: str = _setting("reference-hold", "reported model name")
+    # or "pi05": SGLang's π0.5 API (reference/pi05.py)
+    family: str = _setting("cosmos3", "model family whose SGLang API to serve (default cosmos3)")
+    # π0.5: the model's own statistics
+    norm_stats_path: Path | None = _setting(
+        None, "π0.5: the model's statistics file", flag="--norm-stats"
+    )
+    policy_kwargs: Mapping[str, Any] = _setting(
+        help="JSON object of keyword arguments for the policy constructor (default {})",
+        default_factory=dict,
+    )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action_stats_path", Path(self.action_stats_path))
@@ -90,3 +118,66 @@ class ReferenceServerSettings:
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0 seconds, got {value}")
+
+
+def flag_of(setting: Field) -> str:
+    """A setting's command-line flag: ``--<name with dashes>`` unless it names its own."""
+    return setting.metadata.get("flag") or "--" + setting.name.replace("_", "-")
+
+
+def setting_types() -> dict[str, type]:
+    """Each setting's value type (``Path | None`` -> Path, a mapping -> dict)."""
+    kinds: dict[str, type] = {}
+    for name, hint in get_type_hints(ReferenceServerSettings).items():
+        if get_origin(hint) in (Union, UnionType):
+            hint = next(arg for arg in get_args(hint) if arg is not type(None))
+        kinds[name] = dict if (get_origin(hint) or hint) in (Mapping, dict) else hint
+    return kinds
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One flag per :class:`ReferenceServerSettings` field, with its default and help."""
+    types = setting_types()
+    for setting in fields(ReferenceServerSettings):
+        kind = types[setting.name]
+        kwargs: dict[str, Any] = {"dest": setting.name, "help": setting.metadata["help"]}
+        if kind is dict:
+            kwargs.update(type=_json_object(flag_of(setting)), default={})
+        else:
+            kwargs["type"] = kind
+            if setting.default is MISSING:
+                kwargs["required"] = True
+            else:
+                kwargs["default"] = setting.default
+        if setting.name == "family":
+            kwargs["choices"] = FAMILIES
+        parser.add_argument(flag_of(setting), **kwargs)
+
+
+def _json_object(flag: str) -> Any:
+    def parse(text: str) -> dict[str, Any]:
+        value = json.loads(text)
+        if not isinstance(value, dict):
+            raise argparse.ArgumentTypeError(f"{flag} must be a JSON object, got {text!r}")
+        return value
+
+    return parse
+
+
+def from_arguments(args: argparse.Namespace) -> ReferenceServerSettings:
+    """The settings from flags parsed by a parser that :func:`add_arguments` filled."""
+    return ReferenceServerSettings(
+        **{setting.name: getattr(args, setting.name) for setting in fields(ReferenceServerSettings)}
+    )
+
+
+def to_argv(values: Mapping[str, Any]) -> list[str]:
+    """The flags for ``values`` (setting name -> value; None or absent: the server's default),
+    in field order."""
+    argv: list[str] = []
+    for setting in fields(ReferenceServerSettings):
+        value = values.get(setting.name)
+        if value is not None:
+            text = json.dumps(value) if isinstance(value, Mapping) else str(value)
+            argv += [flag_of(setting), text]
+    return argv

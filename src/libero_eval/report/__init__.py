@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from libero_eval import settings_schema
 from libero_eval.published import published_checks
 from libero_eval.report.comparison import comparison_html, difference_figure, write_comparison
 from libero_eval.report.figures import (
@@ -80,16 +81,14 @@ class _Run:
     def __init__(self, episodes, table, config, repo_dir, fingerprint, action_stats):
         self.episodes, self.table, self.config = episodes, table, config
         self.repo_dir, self.fingerprint, self.action_stats = repo_dir, fingerprint, action_stats
-        report = config.get("report", {})
-        self.confidence = report.get("confidence_level", 0.95)
-        self.decimals = report.get("decimals", 1)
-        self.videos_per_task = report.get("videos_per_task", 1)
-        self.alpha = report.get("published_alpha", 0.05)
+        # the validated config has every default; a partial one takes the schema's
+        report = {**settings_schema.defaults("report"), **config.get("report", {})}
+        self.confidence = report["confidence_level"]
+        self.decimals = report["decimals"]
+        self.videos_per_task = report["videos_per_task"]
+        self.alpha = report["published_alpha"]
         self.published = published_checks(
-            table,
-            report.get("published"),
-            report.get("published_metric", "success_once"),
-            self.alpha,
+            table, report["published"], report["published_metric"], self.alpha
         )
         self._provenance: dict[str, Any] | None = None
 

@@ -35,13 +35,11 @@ import numpy as np
 from libero_eval.eventlog import episode_line, log_event
 from libero_eval.faults import NO_FAULTS, Faults, NoFaults, active_faults, fault_hooks
 from libero_eval.plan import Episode
-from libero_eval.policy.adapters import make_adapter
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
 from libero_eval.policy.connection import (
     ConnectionSpec,
     PolicyConnection,
     connect,
-    policy_connection_spec,
 )
 from libero_eval.policy.errors import (
     PolicyClientError,
@@ -76,13 +74,16 @@ class ClientSettings:
 
 @dataclass
 class ShardSettings:
+    """What a shard runs with; composed above this layer (`libero_eval.config.RunSettings`)."""
+
     run_id: str
     shard: str
     slot: int
     protocol: EpisodeProtocol  # its seed is the run's seed (recorded in every row)
     env: EnvSettings
-    policy_family: str
-    policy_settings: dict[str, Any]
+    adapter: PolicyAdapter  # built once, by whoever composed the job (its statistics loaded)
+    # the server's endpoint (protocol, wire format, paths); its URL comes from the service file
+    endpoint: ConnectionSpec = field(default_factory=lambda: ConnectionSpec(""))
     client: ClientSettings = field(default_factory=ClientSettings)
     envs_per_shard: int = 2
     max_inflight_requests: int = 1  # = env groups: group g holds workers g, g+G, g+2G, ...
@@ -263,7 +264,6 @@ class ShardRunner:
         settings: ShardSettings,
         store: EpisodeStore,
         server_url: str,
-        adapter: PolicyAdapter | None = None,
         progress: Callable[[int, int, int], None] | None = None,
         max_batch_size: int = 1,
         faults: Faults | None = None,
@@ -274,11 +274,9 @@ class ShardRunner:
         self.max_batch_size = max_batch_size
         self.store = store
         self.url = server_url
-        self.adapter = adapter or make_adapter(settings.policy_family, settings.policy_settings)
+        self.adapter = settings.adapter
         self.progress = progress
-        self._spec: ConnectionSpec = policy_connection_spec(
-            server_url, settings.policy_family, settings.policy_settings
-        )
+        self._spec: ConnectionSpec = settings.endpoint.at(server_url)
         self._local = threading.local()
         self._connections: list[PolicyConnection] = []
         self._connections_lock = threading.Lock()
@@ -531,10 +529,10 @@ def run_shard(
     finished = store.finished(episodes)  # one pass over the records, not one per episode
     pending = [ep for ep in episodes if ep not in finished]
     max_batch = 1
-    adapter = make_adapter(settings.policy_family, settings.policy_settings)
+    adapter = settings.adapter
     if pending:
         probe = connect(
-            policy_connection_spec(server_url, settings.policy_family, settings.policy_settings),
+            settings.endpoint.at(server_url),
             timeout_s=min(30.0, settings.client.timeout_s),
             max_retries=settings.client.max_retries,
             retry_backoff_s=settings.client.retry_backoff_s,
@@ -565,7 +563,6 @@ def run_shard(
         settings,
         store,
         server_url,
-        adapter=adapter,
         progress=on_progress,
         max_batch_size=max_batch,
         faults=active_faults(),

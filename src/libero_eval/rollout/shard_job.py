@@ -1,7 +1,9 @@
-"""A rollout job as the workflow runs it: its shard from plan.csv → wait for the server → run.
+"""A rollout job as the workflow runs it: wait for the server → run the shard.
 
-The job gets its settings (`libero_eval.config.RunSettings`, built once from the config) and
-every path from its rule (`ShardPaths`). It follows its parent: when Snakemake (or the Slurm
+The job is composed above this layer (`libero_eval.config.RunSettings.rollout_job`, in the
+job's process, once): its shard from plan.csv, where its env workers render, and the shard's
+settings with the built policy adapter (`RolloutJob`); every path comes from its rule
+(`ShardPaths`). It follows its parent: when Snakemake (or the Slurm
 job step) dies, even by SIGKILL, the job gets SIGTERM (PR_SET_PDEATHSIG plus a parent-pid
 watchdog), stops its env workers and exits; SIGTERM and Ctrl-C do the same. Finished episodes
 are in the store by then.
@@ -14,18 +16,15 @@ import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import NoReturn
 
 from libero_eval.eventlog import log_event
 from libero_eval.faults import InjectedFault
-from libero_eval.plan import read_shard
-from libero_eval.rollout.render_device import RenderDeviceError
-from libero_eval.rollout.runner import ShardFailed, run_shard
+from libero_eval.plan import Shard
+from libero_eval.rollout.render_device import RenderPlan
+from libero_eval.rollout.runner import ShardFailed, ShardSettings, run_shard
 from libero_eval.service import ParentWatch, ServiceUnavailableError, wait_for_service
 from libero_eval.store import EpisodeStore
-
-if TYPE_CHECKING:
-    from libero_eval.config import RunSettings
 
 
 class ShardTerminated(BaseException):
@@ -45,6 +44,22 @@ class ShardPaths:
     video_dir: Path | None = None  # results/<run>/videos (with rollout.videos.enabled)
 
 
+@dataclass(frozen=True)
+class RolloutJob:
+    """Everything a rollout job runs, derived once above this layer and handed down."""
+
+    shard: Shard  # its episodes and slot, as plan.csv has them
+    render: RenderPlan  # where its env workers render (`rollout.render_device`)
+    settings: ShardSettings  # with the built policy adapter
+
+
+def refuse_to_start(shard_name: str, event_log: Path | None, exc: Exception) -> NoReturn:
+    """A job that cannot start (its render device, say): log why and exit 1."""
+    log_event(event_log, f"rollout {shard_name}", f"FAILED: {exc}")
+    print(exc, file=sys.stderr)
+    raise SystemExit(1) from exc
+
+
 def _follow_parent() -> ParentWatch:
     """SIGTERM ends the job with ShardTerminated; the parent's death sends SIGTERM."""
 
@@ -59,23 +74,12 @@ def _follow_parent() -> ParentWatch:
     return ParentWatch(lambda _ppid: os.kill(os.getpid(), signal.SIGTERM)).start()
 
 
-def run_shard_job(
-    settings: RunSettings, shard_name: str, envs_per_shard: int, paths: ShardPaths
-) -> None:
+def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
     """Run the shard; on failure log why, keep finished episodes and exit non-zero."""
-    event_log = paths.event_log
-    shard = read_shard(paths.plan, shard_name)
-    try:
-        render = settings.render_plan(shard.slot)  # before any env starts: fails here
-    except RenderDeviceError as exc:
-        log_event(event_log, f"rollout {shard_name}", f"FAILED: {exc}")
-        print(exc, file=sys.stderr)
-        raise SystemExit(1) from exc
-    log_event(event_log, f"rollout {shard_name}", f"env workers render on {render.description}")
+    event_log, shard, shard_settings = paths.event_log, job.shard, job.settings
+    shard_name = shard.name
+    log_event(event_log, f"rollout {shard_name}", f"env workers render on {job.render.description}")
     watch = _follow_parent()
-    shard_settings = settings.shard_settings(
-        shard_name, shard.slot, envs_per_shard, event_log, paths.video_dir, render
-    )
     store = EpisodeStore(paths.store)
     episodes = list(shard.episodes)
     url = ""

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
+
+from libero_eval.reference import settings as reference_settings
 
 BACKENDS = ("reference", "sglang", "openpi")
 DEFAULT_PIPELINE_CLASS = "Cosmos3OmniDiffusersPipeline"
@@ -93,6 +95,12 @@ def _get_str_list(data: Mapping[str, Any], key: str, where: str, default: list[s
     return list(value)
 
 
+def _default(cls: type, name: str) -> Any:
+    """The dataclass field's default (its factory's value): written once, on the field."""
+    spec = next(f for f in fields(cls) if f.name == name)
+    return spec.default_factory() if spec.default is MISSING else spec.default
+
+
 def _require(data: Mapping[str, Any], key: str, where: str) -> None:
     if data.get(key) is None:
         raise ServerSettingsError(f"{where}.{key}: required but missing")
@@ -100,55 +108,48 @@ def _require(data: Mapping[str, Any], key: str, where: str) -> None:
 
 @dataclass(frozen=True)
 class ReferenceServerFlags:
-    """The command-line flags the serve job gives `python -m libero_eval.reference.server`
-    (which turns them into its own `reference.settings.ReferenceServerSettings`); None means
-    "leave the server's default"."""
+    """The `server.reference` values the serve job gives `python -m libero_eval.reference.server`.
 
-    policy: str
-    action_stats_path: str | None = None
-    normalization: str | None = None
-    max_batch_size: int | None = None
-    padded_action_dim: int | None = None
-    latency_fixed_s: float | None = None
-    latency_per_item_s: float | None = None
-    model_name: str | None = None
-    family: str | None = None
-    norm_stats_path: str | None = None
+    Their names, types and flags are the fields of the server's own
+    `reference.settings.ReferenceServerSettings` (checked here by type, so a bad value fails
+    in the serve job naming `server.reference.<field>`); an absent value (or None) leaves the
+    server's default. Read one as an attribute: ``flags.max_batch_size``.
+    """
+
+    values: Mapping[str, Any]
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "server.reference") -> ReferenceServerFlags:
         if not isinstance(data, Mapping):
             raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
-        _check_keys(data, [f.name for f in fields(cls)], where)
+        kinds = reference_settings.setting_types()
+        _check_keys(data, list(kinds), where)
         _require(data, "policy", where)
-        return cls(
-            policy=_get_str(data, "policy", where, None),
-            action_stats_path=_get_str(data, "action_stats_path", where, None),
-            normalization=_get_str(data, "normalization", where, None),
-            max_batch_size=_get_int(data, "max_batch_size", where, None, 1),
-            padded_action_dim=_get_int(data, "padded_action_dim", where, None, 1),
-            latency_fixed_s=_get_float(data, "latency_fixed_s", where, None, 0.0, False),
-            latency_per_item_s=_get_float(data, "latency_per_item_s", where, None, 0.0, False),
-            model_name=_get_str(data, "model_name", where, None),
-            family=_get_str(data, "family", where, None),
-            norm_stats_path=_get_str(data, "norm_stats_path", where, None),
-        )
+        values: dict[str, Any] = {}
+        for key in kinds:
+            if data.get(key) is None:
+                continue
+            kind = kinds[key]
+            if kind is int:
+                values[key] = _get_int(data, key, where, None, 1)
+            elif kind is float:
+                values[key] = _get_float(data, key, where, None, 0.0, False)
+            elif kind is dict:
+                if not isinstance(data[key], Mapping):
+                    raise ServerSettingsError(f"{where}.{key}: expected a mapping")
+                values[key] = dict(data[key])
+            else:  # str, Path
+                values[key] = _get_str(data, key, where, None)
+        return cls(values)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in reference_settings.setting_types():
+            return self.values.get(name)
+        raise AttributeError(name)
 
     def argv(self) -> list[str]:
-        """The flags, in the server's own names (`reference.server.build_parser`)."""
-        flags = [
-            ("--policy", self.policy),
-            ("--action-stats", self.action_stats_path),
-            ("--normalization", self.normalization),
-            ("--max-batch-size", self.max_batch_size),
-            ("--padded-action-dim", self.padded_action_dim),
-            ("--latency-fixed-s", self.latency_fixed_s),
-            ("--latency-per-item-s", self.latency_per_item_s),
-            ("--model-name", self.model_name),
-            ("--family", self.family),
-            ("--norm-stats", self.norm_stats_path),
-        ]
-        return [arg for flag, value in flags if value is not None for arg in (flag, str(value))]
+        """The flags, in the server's own names (`reference.settings.to_argv`)."""
+        return reference_settings.to_argv(self.values)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class SglangServerSettings:
             raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
         _check_keys(data, [f.name for f in fields(cls)], where)
         _require(data, "model_path", where)
-        command = _get_str_list(data, "command", where, ["sglang"])
+        command = _get_str_list(data, "command", where, _default(cls, "command"))
         if not command or not command[0]:
             raise ServerSettingsError(
                 f"{where}.command: must name the sglang executable, e.g. "
@@ -193,7 +194,7 @@ class SglangServerSettings:
                 "module has no __main__ guard); use the `sglang` console script of the SGLang "
                 'environment or ["python", "-c", "from sglang.cli.main import main; main()"]'
             )
-        extra_args = _get_str_list(data, "extra_args", where, [])
+        extra_args = _get_str_list(data, "extra_args", where, _default(cls, "extra_args"))
         for arg in extra_args:
             flag = arg.split("=", 1)[0]
             if flag in SGLANG_MANAGED_FLAGS:
@@ -201,8 +202,8 @@ class SglangServerSettings:
                     f"{where}.extra_args: {arg!r} is set by the launcher from the settings "
                     "fields (host/port/model_path/...); set that field instead"
                 )
-        num_gpus = _get_int(data, "num_gpus", where, 1, 1)
-        tp_size = _get_int(data, "tp_size", where, 1, 1)
+        num_gpus = _get_int(data, "num_gpus", where, _default(cls, "num_gpus"), 1)
+        tp_size = _get_int(data, "tp_size", where, _default(cls, "tp_size"), 1)
         performance_mode = _get_str(data, "performance_mode", where, None)
         if performance_mode is not None and performance_mode not in SGLANG_PERFORMANCE_MODES:
             raise ServerSettingsError(
@@ -218,9 +219,11 @@ class SglangServerSettings:
             command=command,
             num_gpus=num_gpus,
             tp_size=tp_size,
-            batching_max_size=_get_int(data, "batching_max_size", where, 8, 1),
+            batching_max_size=_get_int(
+                data, "batching_max_size", where, _default(cls, "batching_max_size"), 1
+            ),
             pipeline_class_name=_get_str(
-                data, "pipeline_class_name", where, DEFAULT_PIPELINE_CLASS
+                data, "pipeline_class_name", where, _default(cls, "pipeline_class_name")
             ),
             attention_backend=_get_str(data, "attention_backend", where, None),
             performance_mode=performance_mode,
@@ -277,7 +280,7 @@ class OpenpiServerSettings:
                 "(write {port} where it belongs, e.g. [..., '--port', '{port}', "
                 "'policy:checkpoint', ...])"
             )
-        health_path = _get_str(data, "health_path", where, "/healthz")
+        health_path = _get_str(data, "health_path", where, _default(cls, "health_path"))
         if not health_path.startswith("/"):
             raise ServerSettingsError(
                 f"{where}.health_path: must start with '/', got {health_path!r}"
@@ -331,7 +334,7 @@ class ServerSettings:
             gpu_id = tuple(gpu_id)
         elif gpu_id is not None:
             gpu_id = _get_int(data, "gpu_id", where, None, 0)
-        extra_env = data.get("extra_env", {})
+        extra_env = data.get("extra_env", _default(cls, "extra_env"))
         if not isinstance(extra_env, Mapping) or not all(
             isinstance(k, str) and isinstance(v, str | int | float) and not isinstance(v, bool)
             for k, v in extra_env.items()
@@ -356,17 +359,23 @@ class ServerSettings:
                     f"{where}.gpu_id: pins {pinned} device(s) but {where}.sglang.num_gpus is "
                     f"{sglang.num_gpus}; give a list of {sglang.num_gpus} device indices"
                 )
-        port = _get_int(data, "port", where, 0, 0)
+        port = _get_int(data, "port", where, _default(cls, "port"), 0)
         if port > 65535:
             raise ServerSettingsError(f"{where}.port: must be <= 65535 (or 0), got {port}")
         return cls(
             backend=backend,
             slot=_get_int(data, "slot", where, None, 0),
-            host=_get_str(data, "host", where, "127.0.0.1"),
+            host=_get_str(data, "host", where, _default(cls, "host")),
             port=port,
-            health_timeout_s=_get_float(data, "health_timeout_s", where, 900.0, 0.0, True),
-            health_poll_s=_get_float(data, "health_poll_s", where, 1.0, 0.0, True),
-            teardown_grace_s=_get_float(data, "teardown_grace_s", where, 20.0, 0.0, False),
+            health_timeout_s=_get_float(
+                data, "health_timeout_s", where, _default(cls, "health_timeout_s"), 0.0, True
+            ),
+            health_poll_s=_get_float(
+                data, "health_poll_s", where, _default(cls, "health_poll_s"), 0.0, True
+            ),
+            teardown_grace_s=_get_float(
+                data, "teardown_grace_s", where, _default(cls, "teardown_grace_s"), 0.0, False
+            ),
             cpu_threads=_get_int(data, "cpu_threads", where, None, 1),
             gpu_id=gpu_id,
             extra_env={k: str(v) for k, v in extra_env.items()},

@@ -30,33 +30,15 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image
 
+from libero_eval import settings_schema
 from libero_eval.policy import actions as action_math
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
 from libero_eval.policy.errors import PolicyResponseError
 
-REQUIRED_SETTINGS = (
-    "action_mode",
-    "raw_action_dim",
-    "action_dim",
-    "num_action_chunks",
-    "num_frames",
-    "fps",
-    "action_fps",
-    "action_view_point",
-    "num_inference_steps",
-    "size",
-    "seed",
-    "domain_name",
-    "action_stats_path",
-    "normalization",
-    "gripper_mapping",
-    "orthonormalization",
-    "transport",
-    "response_format",
-)
-# Every `policy.*` field of this family (the others are optional), so the config check can
-# refuse them under another family.
-POLICY_FIELDS = (*REQUIRED_SETTINGS, "guidance_scale")
+# Every `policy.cosmos3.*` field, as config/schema.yaml lists them (once); all but
+# guidance_scale are required.
+POLICY_FIELDS = settings_schema.fields("policy", "cosmos3")
+REQUIRED_SETTINGS = tuple(key for key in POLICY_FIELDS if key != "guidance_scale")
 CHOICES = {
     "action_mode": ("policy",),
     "normalization": tuple(action_math.NORMALIZATION_BLOCKS),
@@ -70,24 +52,24 @@ CHOICES = {
 def _setting_int(settings: dict[str, Any], key: str, minimum: int) -> int:
     value = settings[key]
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"policy.{key} must be an integer >= {minimum}, got {value!r}")
+        raise ValueError(f"policy.cosmos3.{key} must be an integer >= {minimum}, got {value!r}")
     return value
 
 
 def _setting_float(settings: dict[str, Any], key: str) -> float:
     value = settings[key]
     if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
-        raise ValueError(f"policy.{key} must be a finite number, got {value!r}")
+        raise ValueError(f"policy.cosmos3.{key} must be a finite number, got {value!r}")
     return float(value)
 
 
 def _setting_str(settings: dict[str, Any], key: str) -> str:
     value = settings[key]
     if not isinstance(value, str) or not value:
-        raise ValueError(f"policy.{key} must be a non-empty string, got {value!r}")
+        raise ValueError(f"policy.cosmos3.{key} must be a non-empty string, got {value!r}")
     allowed = CHOICES.get(key)
     if allowed is not None and value not in allowed:
-        raise ValueError(f"policy.{key} must be one of {list(allowed)}, got {value!r}")
+        raise ValueError(f"policy.cosmos3.{key} must be one of {list(allowed)}, got {value!r}")
     return value
 
 
@@ -98,10 +80,10 @@ def _parse_size(value: Any) -> tuple[int, int]:
         width, height = int(width_text), int(height_text)
     except ValueError:
         raise ValueError(
-            f"policy.size must be 'WIDTHxHEIGHT' such as '320x192', got {value!r}"
+            f"policy.cosmos3.size must be 'WIDTHxHEIGHT' such as '320x192', got {value!r}"
         ) from None
     if width < 1 or height < 1:
-        raise ValueError(f"policy.size must be positive, got {value!r}")
+        raise ValueError(f"policy.cosmos3.size must be positive, got {value!r}")
     return width, height
 
 
@@ -118,13 +100,17 @@ class Cosmos3Adapter(PolicyAdapter):
     family: ClassVar[str] = "cosmos3"
 
     def __init__(self, settings: dict[str, Any]):
+        """``settings``: ``policy.cosmos3`` (or a ``policy`` mapping that holds it)."""
         if not isinstance(settings, dict):
             raise ValueError(f"policy settings must be a mapping, got {type(settings).__name__}")
+        settings = settings.get("cosmos3", settings)
+        if not isinstance(settings, dict):
+            raise ValueError(f"policy.cosmos3 must be a mapping, got {type(settings).__name__}")
         missing = [key for key in REQUIRED_SETTINGS if key not in settings]
         if missing:
             raise ValueError(
                 "Cosmos3 policy settings are missing "
-                + ", ".join(f"policy.{key}" for key in missing)
+                + ", ".join(f"policy.cosmos3.{key}" for key in missing)
                 + "; set them in the config (see the LIBERO reference settings)"
             )
         self._policy = dict(settings)
@@ -132,21 +118,21 @@ class Cosmos3Adapter(PolicyAdapter):
         self.raw_action_dim = _setting_int(settings, "raw_action_dim", 1)
         if self.raw_action_dim != action_math.MODEL_ACTION_DIM:
             raise ValueError(
-                f"policy.raw_action_dim must be {action_math.MODEL_ACTION_DIM} "
+                f"policy.cosmos3.raw_action_dim must be {action_math.MODEL_ACTION_DIM} "
                 f"([dxyz, rot6d, gripper]), got {self.raw_action_dim}"
             )
         self.action_dim = _setting_int(settings, "action_dim", 1)
         if self.action_dim != action_math.LIBERO_ACTION_DIM:
             raise ValueError(
-                f"policy.action_dim must be {action_math.LIBERO_ACTION_DIM} (LIBERO's action), "
-                f"got {self.action_dim}"
+                f"policy.cosmos3.action_dim must be {action_math.LIBERO_ACTION_DIM} (LIBERO's "
+                f"action), got {self.action_dim}"
             )
         self.num_action_chunks = _setting_int(settings, "num_action_chunks", 1)
         self.num_frames = _setting_int(settings, "num_frames", 2)
         if (self.num_frames - 1) % 4 != 0:
             raise ValueError(
-                f"policy.num_frames must be 4k + 1 (Cosmos3 requires (num_frames - 1) % 4 == 0), "
-                f"got {self.num_frames}; LIBERO uses 17"
+                "policy.cosmos3.num_frames must be 4k + 1 (Cosmos3 requires (num_frames - 1) % 4 "
+                f"== 0), got {self.num_frames}; LIBERO uses 17"
             )
         self.fps = _setting_int(settings, "fps", 1)
         self.action_fps = _setting_float(settings, "action_fps")
@@ -168,7 +154,9 @@ class Cosmos3Adapter(PolicyAdapter):
         self.response_format = _setting_str(settings, "response_format")
         stats_path = settings["action_stats_path"]
         if not isinstance(stats_path, str | Path) or not str(stats_path):
-            raise ValueError(f"policy.action_stats_path must be a file path, got {stats_path!r}")
+            raise ValueError(
+                f"policy.cosmos3.action_stats_path must be a file path, got {stats_path!r}"
+            )
         self.stats = action_math.load_action_stats(
             stats_path, action_math.stats_block_for(self.normalization), self.raw_action_dim
         )
@@ -178,13 +166,15 @@ class Cosmos3Adapter(PolicyAdapter):
         return {"path": str(self.stats.source), "sha256": self.stats_sha256}
 
     def outcome_settings(self) -> dict[str, Any]:
-        # The Cosmos3 fingerprint as before π0.5 existed, so earlier results stay valid.
+        # The Cosmos3 fingerprint as before π0.5 existed (when these settings sat directly
+        # under `policy`, beside `family`), so earlier results stay valid.
         settings = {
             k: v
             for k, v in self._policy.items()
-            if not k.startswith("http_") and k not in ("transport", "response_format", "pi05")
+            if not k.startswith("http_")
+            and k not in ("transport", "response_format", "pi05", "family")
         }
-        return {**settings, "action_stats_path": self.stats_sha256}
+        return {"family": self.family, **settings, "action_stats_path": self.stats_sha256}
 
     # ---------------------------------------------------------------- requests
 
@@ -267,7 +257,7 @@ class Cosmos3Adapter(PolicyAdapter):
             return list(actions)
         raise PolicyResponseError(
             "Cosmos3 response has neither 'data' (envelope) nor 'actions' (raw); got keys "
-            f"{sorted(response)}. Check policy.response_format matches the server"
+            f"{sorted(response)}. Check policy.cosmos3.response_format matches the server"
         )
 
     def _envelope_chunks(self, data: Any, batch_size: int) -> list[np.ndarray]:
@@ -281,13 +271,13 @@ class Cosmos3Adapter(PolicyAdapter):
             if not isinstance(action, dict) or "values" not in action:
                 raise PolicyResponseError(
                     f"Cosmos3 response data[{position}] has no 'action.values'; check "
-                    "policy.action_mode is 'policy' and the model has an action head"
+                    "policy.cosmos3.action_mode is 'policy' and the model has an action head"
                 )
             echoed_dim = action.get("raw_action_dim")
             if echoed_dim is not None and echoed_dim != self.raw_action_dim:
                 raise PolicyResponseError(
                     f"Cosmos3 response data[{position}].action.raw_action_dim is {echoed_dim}, "
-                    f"policy.raw_action_dim is {self.raw_action_dim}"
+                    f"policy.cosmos3.raw_action_dim is {self.raw_action_dim}"
                 )
             index = item.get("input_index", item.get("index", position))
             values = self._as_float_array(action["values"], f"data[{position}].action.values")

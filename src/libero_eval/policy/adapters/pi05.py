@@ -52,6 +52,7 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image
 
+from libero_eval import settings_schema
 from libero_eval.policy import openpi_transforms as T
 from libero_eval.policy import paligemma
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
@@ -61,24 +62,8 @@ from libero_eval.policy.pi05_checkpoint import Pi05Layout, read_checkpoint
 APIS = ("sglang_http", "sglang_websocket", "openpi_websocket")
 OPENPI_SERVER_HORIZON = 10  # openpi pi05_libero answers [10, 7] (action_horizon=10)
 TEST_STATS = "config/stats/pi05_libero_norm_stats.json"  # made-up values of the right format
-DEFAULTS: dict[str, Any] = {
-    "api": "sglang_http",
-    "checkpoint": None,  # a local checkpoint directory; null: server.sglang.model_path
-    "camera_views": None,  # checkpoint camera name -> agentview | wrist | null
-    "discrete_state_input": None,  # openpi lineage: the training config's (not in the files)
-    "tokenizer_path": None,  # PaliGemma's tokenizer file (client-side prompts)
-    "lerobot_prompt": "unpadded",  # LeRobot >= 0.5; padded: LeRobot <= 0.4.4's 32-wide state
-    "norm_stats_path": None,  # null: the checkpoint's own (else the test file)
-    "normalization": "quantile",  # refused where the checkpoint's norm_map says otherwise
-    "pad_state_to": "checkpoint",  # the checkpoint's state width; null: the 8 values unpadded
-    "action_horizon": None,  # null: the checkpoint's chunk_size
-    "model_action_dim": None,  # null: the checkpoint's max_action_dim
-    "num_inference_steps": 10,
-    "replan_steps": 5,
-    "image_size": 224,
-    "wire_format": "msgpack",
-    "response_format": "envelope",
-}
+# policy.pi05's fields and defaults, as config/schema.yaml writes them (once).
+DEFAULTS: dict[str, Any] = settings_schema.defaults("policy", "pi05")
 CHOICES = {
     "api": APIS,
     "lerobot_prompt": ("unpadded", "padded"),

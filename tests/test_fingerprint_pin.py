@@ -1,0 +1,64 @@
+"""The rollout fingerprint of every shipped config, pinned to its value before issue 21's
+settings refactor: a refactor of how settings are read must not move any run's episode store
+(``results/<run>/episodes/<fingerprint>``)."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+from snakemake.utils import validate
+
+from libero_eval.policy import pi05_layouts
+
+REPO = Path(__file__).resolve().parents[1]
+# Fixed paths (not tmp_path): a checkpoint's resolved path is part of the fingerprint.
+STANDIN_ROOT = Path("/tmp/libero_eval_fingerprint_pin")
+
+PINNED = {
+    "config.yaml": "a332ce35aacd",
+    "libero_pi05_openpi.yaml": "93298ac9ce8f",
+    "libero_pro_robustness.yaml": "ca91e59bf65b",
+    "libero_spatial_cosmos3_sglang.yaml": "2923b9a0afaa",
+    "selftest.yaml": "2e91d42634dd",
+}
+# π0.5 through SGLang: the checkpoint (server.sglang.model_path) decides the layout, so these
+# take a stand-in checkpoint of the config's lineage at a fixed path.
+PINNED_WITH_CHECKPOINT = {
+    "libero_pi05_openpi_sglang.yaml": ("openpi", {}, "52ea1571a9fd"),
+    # its policy_preprocessor.json normalizes with MEAN_STD (policy.pi05.normalization zscore)
+    "libero_pi05_sglang.yaml": ("lerobot", {"normalization": "MEAN_STD"}, "a282d2aafb51"),
+}
+
+
+def workflow_fingerprint(config: dict) -> str:
+    """The fingerprint as workflow/rules/common.smk computes it for `--configfile <file>`."""
+    from libero_eval.config import check_family_fields
+
+    check_family_fields(config)
+    validate(config, str(REPO / "config" / "schema.yaml"))
+    from libero_eval.config import RunSettings
+
+    return RunSettings(config).fingerprint
+
+
+def test_every_shipped_config_is_pinned():
+    shipped = {p.name for p in (REPO / "config").glob("*.yaml")} - {"schema.yaml"}
+    assert shipped == set(PINNED) | set(PINNED_WITH_CHECKPOINT)
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_shipped_config_fingerprint_unchanged(name, monkeypatch):
+    monkeypatch.chdir(REPO)
+    config = yaml.safe_load((REPO / "config" / name).read_text())
+    assert workflow_fingerprint(config) == PINNED[name]
+
+
+@pytest.mark.parametrize("name", sorted(PINNED_WITH_CHECKPOINT))
+def test_shipped_pi05_sglang_config_fingerprint_unchanged(name, monkeypatch):
+    monkeypatch.chdir(REPO)
+    lineage, layout, expected = PINNED_WITH_CHECKPOINT[name]
+    write = {"lerobot": pi05_layouts.write_lerobot, "openpi": pi05_layouts.write_openpi}[lineage]
+    checkpoint = pi05_layouts.write_tokenizer_standins(write(STANDIN_ROOT / lineage, **layout))
+    config = yaml.safe_load((REPO / "config" / name).read_text())
+    config["server"]["sglang"]["model_path"] = str(checkpoint)
+    assert workflow_fingerprint(config) == expected
