@@ -63,7 +63,7 @@ def test_the_endpoint_picks_the_connection(family, settings, kind, wire, path, h
 @pytest.mark.parametrize(
     ("family", "settings", "message"),
     [
-        ("cosmos3", {"transport": "grpc"}, "policy.transport must be one of"),
+        ("cosmos3", {"transport": "grpc"}, "policy.cosmos3.transport must be one of"),
         ("pi05", {"pi05": {"api": "grpc"}}, "policy.pi05.api must be one of"),
         ("pi05", {"pi05": None}, "policy.pi05 must be a mapping"),
     ],
@@ -137,3 +137,31 @@ def test_worker_messages_are_typed_and_keep_their_wire_names():
     assert Status.OK == "ok" and Status("died") is Status.DIED
     status, result = Reply(Status.ERROR, "boom")
     assert status is Status.ERROR and result == "boom"
+
+
+def test_a_family_module_with_an_adapter_entry_is_registered_without_editing_the_package(
+    tmp_path, monkeypatch
+):
+    """docs/design.md "Adding a policy family": the adapter module is found by its ADAPTER."""
+    from libero_eval.policy import adapters
+
+    (tmp_path / "toyfam.py").write_text(
+        "from libero_eval.policy.adapters.base import PolicyAdapter\n"
+        "class ToyAdapter(PolicyAdapter):\n"
+        "    family = 'toyfam'\n"
+        "    @classmethod\n"
+        "    def check_run_config(cls, config): pass\n"
+        "    def __init__(self, settings): self.settings = settings\n"
+        "    def prompt_key(self, obs): return ''\n"
+        "    def build_request(self, observations, request_id): return {}\n"
+        "    def parse_response(self, response, batch_size): return None\n"
+        "    def outcome_settings(self): return {}\n"
+        "ADAPTER = ToyAdapter\n"
+    )
+    monkeypatch.setattr(adapters, "__path__", [*adapters.__path__, str(tmp_path)])
+    found = adapters._discover()
+    assert set(found) == {"cosmos3", "pi05", "toyfam"}
+    assert found["toyfam"].__name__ == "ToyAdapter"
+    # served by SGLang's HTTP action API unless connection.py says otherwise
+    spec = policy_connection_spec(URL, "toyfam", {})
+    assert (spec.protocol, spec.wire_format, spec.health_path) == ("http", "msgpack", "/health")

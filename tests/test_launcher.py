@@ -416,8 +416,8 @@ def test_a_fixed_server_port_leaves_room_for_sglangs_broker(default_config, back
 
     default_config["server"].update(backend=backend, port=30000, num_slots=3, cpu_threads=2)
     default_config["server"]["sglang"]["model_path"] = "/models/cosmos3"
-    assert [server_settings(default_config, k)["port"] for k in range(3)] == ports
-    assert ServerSettings.from_dict(server_settings(default_config, 0)).cpu_threads == 2
+    assert [server_settings(default_config, k).port for k in range(3)] == ports
+    assert server_settings(default_config, 0).cpu_threads == 2
 
 
 def test_gpu_id_pins_cuda_visible_devices_and_no_proxy_covers_loopback(tmp_path, monkeypatch):

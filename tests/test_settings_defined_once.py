@@ -173,3 +173,45 @@ def test_the_adapters_take_their_fields_and_defaults_from_the_schema():
 
     assert settings_schema.defaults("policy", "pi05") == pi05.DEFAULTS
     assert settings_schema.fields("policy", "cosmos3") == cosmos3.POLICY_FIELDS
+
+
+def test_the_schemas_allowed_values_are_the_ones_the_code_implements():
+    """The adapters take each field's allowed values from the schema's enum; the action math
+    they dispatch to must implement exactly those."""
+    from libero_eval.policy import actions
+    from libero_eval.policy.adapters import cosmos3, pi05
+
+    assert settings_schema.choices("policy", "cosmos3") == cosmos3.CHOICES
+    assert settings_schema.choices("policy", "pi05") == pi05.CHOICES
+    assert set(cosmos3.CHOICES["normalization"]) == set(actions.NORMALIZATION_BLOCKS)
+    assert set(cosmos3.CHOICES["gripper_mapping"]) == set(actions.GRIPPER_MAPPINGS)
+    assert set(cosmos3.CHOICES["orthonormalization"]) == set(actions.ORTHONORMALIZATIONS)
+    assert set(pi05.CHOICES["api"]) == set(pi05.API_ADAPTERS)
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(
+        p.name for p in (PACKAGE.parents[1] / "config").glob("*.yaml") if p.name != "schema.yaml"
+    ),
+)
+def test_every_slots_server_settings_cross_to_the_serve_job_unchanged(name, monkeypatch):
+    """The serve boundary: the workflow composes each slot's `ServerSettings` once and hands
+    the serve job its `to_json()`, which `from_dict` reads back to the same settings."""
+    import json
+
+    import yaml
+    from snakemake.utils import validate
+
+    from libero_eval.config import RunSettings, check_family_fields
+
+    repo = PACKAGE.parents[1]
+    monkeypatch.chdir(repo)
+    config = yaml.safe_load((repo / "config" / name).read_text())
+    check_family_fields(config)
+    validate(config, str(repo / "config" / "schema.yaml"))
+    run = RunSettings(config)
+    for slot in range(config["server"]["num_slots"]):
+        settings = run.server(slot)
+        assert isinstance(settings, ServerSettings)
+        assert ServerSettings.from_dict(json.loads(settings.to_json())) == settings

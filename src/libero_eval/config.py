@@ -21,7 +21,7 @@ from typing import Any
 from libero_eval import settings_schema
 from libero_eval import suites as suite_catalog
 from libero_eval.plan import Episode, Shard, make_shards, plan_episodes, read_shard
-from libero_eval.policy.adapters import PolicyAdapter, make_adapter
+from libero_eval.policy.adapters import ADAPTERS, PolicyAdapter, make_adapter
 from libero_eval.policy.connection import policy_connection_spec
 from libero_eval.published import check_published_config
 from libero_eval.rollout.env_worker import EnvSettings
@@ -29,6 +29,7 @@ from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.rollout.render_device import RenderPlan, plan_render_env
 from libero_eval.rollout.runner import ClientSettings, ShardSettings
 from libero_eval.rollout.shard_job import RolloutJob, ShardPaths
+from libero_eval.serve.settings import ServerSettings
 from libero_eval.store import fingerprint
 
 
@@ -44,7 +45,6 @@ class ConfigDeprecationWarning(FutureWarning):
 FAMILIES = tuple(settings_schema.section("policy", "family")["enum"])
 # Backends whose server is a GPU process run by a command of its own (not the reference).
 GPU_BACKENDS = ("sglang", "openpi")
-PI05_PIPELINE_CLASS = "Pi05Pipeline"
 
 
 def family_fields(family: str) -> tuple[str, ...]:
@@ -99,10 +99,11 @@ def check_family_fields(config: dict[str, Any]) -> list[str]:
                 "settings go under policy.pi05 (see config/libero_pi05_sglang.yaml). Are two "
                 "configs of different families stacked with --configfile?"
             )
+        other = foreign[0]
+        named = "π0.5" if other == "pi05" else other
         raise ConfigError(
-            f"policy.{foreign[0]}: π0.5 settings, but policy.family is {family}. Set "
-            "policy.family: pi05 (and drop policy.cosmos3), or remove "
-            f"policy.{foreign[0]}"
+            f"policy.{other}: {named} settings, but policy.family is {family}. Set "
+            f"policy.family: {other} (and drop policy.{family}), or remove policy.{other}"
         )
     for message in deprecations:
         warnings.warn(message, ConfigDeprecationWarning, stacklevel=2)
@@ -132,10 +133,18 @@ def check_config(config: dict[str, Any]) -> RunSettings:
             "reference seeds each reset from the env's rank and slot, not from the episode "
             "(docs/protocols.md); use reset_seeding: episode"
         )
-    if policy["family"] == "pi05":
-        _check_pi05(config, settings)
-    else:
-        _check_cosmos3(config, settings)
+    try:  # the family's own whole-config check, then its adapter (statistics loaded)
+        ADAPTERS[policy["family"]].check_run_config(config)
+        settings.adapter  # noqa: B018
+    except ConfigError:
+        raise
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+    for slot in range(server["num_slots"]):  # each slot's serve-job settings, checked here
+        try:
+            settings.server(slot)
+        except ValueError as exc:  # ServerSettingsError names the server.<field>
+            raise ConfigError(str(exc)) from exc
     num_shards = server["num_slots"] * rollout["shards_per_slot"]
     total_envs = rollout["total_num_envs"]
     if total_envs is not None and total_envs % num_shards:
@@ -200,90 +209,6 @@ def reference_pi05_model(config: dict[str, Any]) -> str:
     if checkpoint is not None and (Path(checkpoint) / "config.json").is_file():
         return str(checkpoint)
     return config["server"]["reference"]["norm_stats_path"]
-
-
-def _check_pi05(config: dict[str, Any], settings: RunSettings) -> None:
-    """π0.5: the adapter's own checks (statistics, settings), and a server that speaks it."""
-    server = config["server"]
-    adapter = settings.adapter
-    backend = server["backend"]
-    if backend == "openpi":
-        if adapter.api != "openpi_websocket":
-            raise ConfigError(
-                f"server.backend openpi speaks openpi's websocket protocol; policy.pi05.api is "
-                f"{adapter.api}: set it to openpi_websocket"
-            )
-        if not server["openpi"]["command"]:
-            raise ConfigError(
-                "server.openpi.command is not set: give openpi's server command line, e.g. "
-                '["uv", "run", "scripts/serve_policy.py", "--env", "LIBERO"], and '
-                "server.openpi.cwd (the openpi checkout)"
-            )
-    elif backend == "sglang":
-        if adapter.api == "openpi_websocket":
-            raise ConfigError(
-                "policy.pi05.api openpi_websocket talks to openpi's own server; with "
-                "server.backend sglang use sglang_http or sglang_websocket (SGLang's "
-                "/openpi/policy)"
-            )
-        sglang = server["sglang"]
-        if sglang["pipeline_class_name"] != PI05_PIPELINE_CLASS:
-            raise ConfigError(
-                f"server.sglang.pipeline_class_name is {sglang['pipeline_class_name']!r}; "
-                f"π0.5 is served by SGLang's {PI05_PIPELINE_CLASS}: set it"
-            )
-        if not sglang["model_path"]:
-            raise ConfigError(
-                "server.sglang.model_path is not set: point it at the local π0.5 checkpoint "
-                "directory (its config.json decides the cameras, state width and chunk size)"
-            )
-    else:
-        stats = Path(server["reference"]["norm_stats_path"])
-        if not stats.exists():
-            raise ConfigError(
-                f"server.reference.norm_stats_path: {stats} does not exist; point it at the "
-                "model's own π0.5 statistics, e.g. config/stats/pi05_libero_norm_stats.json"
-            )
-
-
-def _check_cosmos3(config: dict[str, Any], settings: RunSettings) -> None:
-    """Cosmos3: what its adapter does not check itself (the statistics file exists, the
-    server's files); the adapter checks its own fields when it is built."""
-    cosmos3, server = config["policy"]["cosmos3"], config["server"]
-    chunks, frames = cosmos3["num_action_chunks"], cosmos3["num_frames"]
-    if frames != chunks + 1:
-        raise ConfigError(
-            f"policy.cosmos3.num_frames ({frames}) must equal policy.cosmos3.num_action_chunks "
-            f"+ 1 ({chunks + 1}); Cosmos3 predicts num_frames - 1 actions"
-        )
-    stats_path = Path(cosmos3["action_stats_path"])
-    if not stats_path.is_file():
-        raise ConfigError(
-            f"policy.cosmos3.action_stats_path: {stats_path} does not exist (relative paths "
-            f"start at {Path.cwd()}); point it at a Cosmos3 action-stats JSON such as "
-            "config/stats/libero_native_frame_wise_relative_rot6d.json"
-        )
-    settings.adapter  # loads and checks the statistics file  # noqa: B018
-    if server["backend"] == "reference":
-        reference_stats = Path(server["reference"]["action_stats_path"])
-        if not reference_stats.is_file():
-            raise ConfigError(
-                f"server.reference.action_stats_path: {reference_stats} does not exist; point "
-                "it at the model's action-stats JSON, e.g. "
-                "config/stats/libero_native_frame_wise_relative_rot6d.json"
-            )
-    if server["backend"] == "sglang":
-        model_path = server["sglang"]["model_path"]
-        if not model_path:
-            raise ConfigError(
-                "server.sglang.model_path is not set: point it at the converted Cosmos3 "
-                "model_diffusers/ directory"
-            )
-        if not (Path(model_path) / "model_index.json").is_file():
-            raise ConfigError(
-                f"server.sglang.model_path: {model_path} has no model_index.json; it must be the "
-                "converted Cosmos3 diffusers directory (model_index.json, text_tokenizer/, ...)"
-            )
 
 
 def episode_protocol(config: dict[str, Any]) -> EpisodeProtocol:
@@ -405,8 +330,9 @@ def _gpus_per_slot(config: dict[str, Any]) -> int:
     return server["sglang"]["num_gpus"] if server["backend"] == "sglang" else 1
 
 
-def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
-    """Settings of slot `slot`'s server, for `libero_eval.serve.job` (`serve.settings`)."""
+def slot_gpu_ids(config: dict[str, Any], slot: int) -> int | list[int] | None:
+    """The GPU(s) slot `slot`'s server is pinned to: from server.gpu_ids, or locally k*n ..
+    k*n+n-1 for a GPU backend; None where Slurm (or nothing) assigns them."""
     server = config["server"]
     per_slot = _gpus_per_slot(config)
     devices = None
@@ -415,29 +341,38 @@ def server_settings(config: dict[str, Any], slot: int) -> dict[str, Any]:
     elif server["backend"] in GPU_BACKENDS and "SLURM_JOB_ID" not in os.environ:
         # Locally nothing assigns GPUs: slot k takes devices k*n .. k*n+n-1.
         devices = list(range(slot * per_slot, (slot + 1) * per_slot))
-    gpu_id = devices[0] if devices is not None and len(devices) == 1 else devices
+    return devices[0] if devices is not None and len(devices) == 1 else devices
+
+
+def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
+    """Settings of slot `slot`'s server, checked (`ServerSettingsError` names the field); the
+    `serve` rule hands them to `libero_eval.serve.job` as `to_json()`, which reads them back."""
+    server = config["server"]
+    gpu_id = slot_gpu_ids(config, slot)
     # server.reference as the reference server's own settings name them
     # (reference.settings.ReferenceServerSettings); norm_stats_path is π0.5's only
     reference = {k: v for k, v in server["reference"].items() if k != "norm_stats_path"}
     reference["model_name"] = f"reference-{reference['policy']}"
     if config["policy"]["family"] == "pi05":
         reference.update(family="pi05", norm_stats_path=reference_pi05_model(config))
-    return {
-        "backend": server["backend"],
-        "slot": slot,
-        "host": server["host"],
-        # sglang serve also binds its HTTP port + 1 (its ZMQ broker): slots step by 2 there
-        "port": server["port"] + slot * (2 if server["backend"] == "sglang" else 1)
-        if server["port"]
-        else 0,
-        "health_timeout_s": server["health_timeout_s"],
-        "teardown_grace_s": server["teardown_grace_s"],
-        "cpu_threads": server["cpu_threads"],
-        "gpu_id": gpu_id,
-        "reference": reference,
-        "sglang": dict(server["sglang"]),
-        "openpi": dict(server["openpi"]),
-    }
+    return ServerSettings.from_dict(
+        {
+            "backend": server["backend"],
+            "slot": slot,
+            "host": server["host"],
+            # sglang serve also binds its HTTP port + 1 (its ZMQ broker): slots step by 2 there
+            "port": server["port"] + slot * (2 if server["backend"] == "sglang" else 1)
+            if server["port"]
+            else 0,
+            "health_timeout_s": server["health_timeout_s"],
+            "teardown_grace_s": server["teardown_grace_s"],
+            "cpu_threads": server["cpu_threads"],
+            "gpu_id": gpu_id,
+            "reference": reference,
+            "sglang": dict(server["sglang"]),
+            "openpi": dict(server["openpi"]),
+        }
+    )
 
 
 class RunSettings:
@@ -501,7 +436,7 @@ class RunSettings:
         """Hash of every setting that changes an episode's outcome (not throughput knobs)."""
         return _fingerprint(self.config, self.adapter)
 
-    def server(self, slot: int) -> dict[str, Any]:
+    def server(self, slot: int) -> ServerSettings:
         """Slot `slot`'s server settings, for `libero_eval.serve.job`."""
         return server_settings(self.config, slot)
 
@@ -511,7 +446,7 @@ class RunSettings:
         return plan_render_env(
             rollout["render_device"],
             mujoco_gl=rollout["mujoco_gl"],
-            slot_gpu_ids=self.server(slot)["gpu_id"],
+            slot_gpu_ids=slot_gpu_ids(self.config, slot),
             backend=self.config["server"]["backend"],
         )
 

@@ -33,6 +33,16 @@ def fields(*path: str) -> tuple[str, ...]:
     return tuple(section(*path)["properties"])
 
 
+def choices(*path: str) -> dict[str, tuple[Any, ...]]:
+    """Each field of the config object at ``path`` that the schema restricts to an ``enum``,
+    with its allowed values in the schema's order."""
+    return {
+        name: tuple(spec["enum"])
+        for name, spec in section(*path)["properties"].items()
+        if "enum" in spec
+    }
+
+
 def defaults(*path: str) -> dict[str, Any]:
     """Each field of the config object at ``path`` with its schema default (a fresh copy)."""
     return {

@@ -1,4 +1,3 @@
-import json
 import sys
 from pathlib import Path
 
@@ -132,7 +131,7 @@ def get_serve_log_of_shard(wildcards):
 
 
 def get_server_settings(wildcards):
-    return json.dumps(SETTINGS.server(int(wildcards.slot)))
+    return SETTINGS.server(int(wildcards.slot)).to_json()
 
 
 def get_envs_per_shard(wildcards=None):

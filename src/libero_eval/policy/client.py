@@ -91,7 +91,7 @@ class HttpConnection(ConnectionBase):
         if wire_format not in WIRE_FORMATS:
             raise ValueError(
                 f"policy client wire_format {wire_format!r} is not one of {WIRE_FORMATS} "
-                "(policy.transport / policy.pi05.wire_format)"
+                "(policy.cosmos3.transport / policy.pi05.wire_format)"
             )
         self.base_url = base_url.rstrip("/")
         self.wire_format = wire_format

@@ -12,7 +12,7 @@ here (URL and loopback checks, ``GET <health path>`` readiness, linear-backoff r
 
 :class:`ConnectionSpec` describes the server's endpoint; :func:`connect` picks the
 implementation from it, and :func:`policy_connection_spec` derives it from the policy
-settings' server-facing keys (``policy.transport``, ``policy.pi05.api`` and
+settings' server-facing keys (``policy.cosmos3.transport``, ``policy.pi05.api`` and
 ``policy.pi05.wire_format``). The shared code is in ``policy/connection_base.py``.
 """
 
@@ -59,7 +59,7 @@ class ConnectionSpec:
         if self.wire_format not in WIRE_FORMATS:
             raise ValueError(
                 f"policy connection wire_format {self.wire_format!r} is not one of "
-                f"{WIRE_FORMATS} (set by policy.transport / policy.pi05.wire_format)"
+                f"{WIRE_FORMATS} (set by policy.cosmos3.transport / policy.pi05.wire_format)"
             )
         if self.protocol == "websocket" and self.wire_format != "msgpack":
             raise ValueError("a websocket policy server speaks msgpack only (openpi's protocol)")
@@ -77,7 +77,7 @@ def policy_connection_spec(url: str, family: str, settings: dict[str, Any]) -> C
     Cosmos3: SGLang's HTTP action API, ``policy.cosmos3.transport`` msgpack or png_base64
     (JSON).
     π0.5: ``policy.pi05.api`` (see :data:`PI05_API_ENDPOINTS`); ``sglang_http`` sends
-    ``policy.pi05.wire_format``.
+    ``policy.pi05.wire_format``. Any other family: SGLang's HTTP action API with msgpack.
     """
     if family == "pi05":
         block = settings.get("pi05", settings) if isinstance(settings, dict) else None
@@ -93,6 +93,8 @@ def policy_connection_spec(url: str, family: str, settings: dict[str, Any]) -> C
         return ConnectionSpec(
             url, protocol, wire if protocol == "http" else "msgpack", path, health_path
         )
+    if family != "cosmos3":  # any other family: SGLang's HTTP action API with msgpack
+        return ConnectionSpec(url)
     transport = settings.get("transport", "msgpack") if isinstance(settings, dict) else None
     if transport not in ("msgpack", "png_base64"):
         raise ValueError(

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
@@ -384,6 +385,17 @@ class ServerSettings:
             openpi=openpi,
         )
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON-ready mapping that :meth:`from_dict` reads back to these settings: what the
+        workflow composes once and the serve job reads (``--settings``)."""
+        data = {f.name: _plain(getattr(self, f.name)) for f in fields(self)}
+        data["reference"] = dict(self.reference.values) if self.reference is not None else None
+        return data
+
+    def to_json(self) -> str:
+        """:meth:`to_dict` as JSON text."""
+        return json.dumps(self.to_dict())
+
     @property
     def health_path(self) -> str:
         """Readiness path: openpi's `/healthz`, SGLang's and the reference server's `/health`."""
@@ -393,6 +405,17 @@ class ServerSettings:
     def url(self) -> str:
         """Base URL clients use (wildcard listen addresses are reached through loopback)."""
         return f"http://{_url_host(self.host)}:{self.port}"
+
+
+def _plain(value: Any) -> Any:
+    """A settings value as JSON has it: dataclasses as mappings, tuples as lists."""
+    if hasattr(value, "__dataclass_fields__"):
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
 
 
 def _url_host(host: str) -> str:

@@ -35,6 +35,13 @@ class PolicyAdapter(ABC):
 
     family: ClassVar[str]
 
+    @classmethod
+    @abstractmethod
+    def check_run_config(cls, config: dict[str, Any]) -> None:
+        """What only the whole (schema-validated) config can tell about this family: the server
+        backends and pipeline that serve it, the files it needs. Raises ``ValueError`` naming
+        the field and the fix; the adapter's own fields are checked when it is built."""
+
     def check_server_metadata(self, metadata: dict[str, Any]) -> None:
         """Raise ``PolicyResponseError`` when the server's metadata shows another family."""
         served = metadata.get("policy_family") if isinstance(metadata, dict) else None

@@ -39,14 +39,9 @@ from libero_eval.policy.errors import PolicyResponseError
 # guidance_scale are required.
 POLICY_FIELDS = settings_schema.fields("policy", "cosmos3")
 REQUIRED_SETTINGS = tuple(key for key in POLICY_FIELDS if key != "guidance_scale")
-CHOICES = {
-    "action_mode": ("policy",),
-    "normalization": tuple(action_math.NORMALIZATION_BLOCKS),
-    "gripper_mapping": action_math.GRIPPER_MAPPINGS,
-    "orthonormalization": action_math.ORTHONORMALIZATIONS,
-    "transport": ("msgpack", "png_base64"),
-    "response_format": ("envelope", "raw"),
-}
+# the fields restricted to a list of values, as config/schema.yaml lists them (once); the
+# action math's own lists must agree (tests/test_settings_defined_once.py)
+CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices("policy", "cosmos3")
 
 
 def _setting_int(settings: dict[str, Any], key: str, minimum: int) -> int:
@@ -99,6 +94,47 @@ class Cosmos3Adapter(PolicyAdapter):
 
     family: ClassVar[str] = "cosmos3"
 
+    @classmethod
+    def check_run_config(cls, config: dict[str, Any]) -> None:
+        """What the adapter cannot check itself: the statistics file exists, and the server's
+        files (the reference server's statistics, SGLang's converted model directory)."""
+        cosmos3, server = config["policy"]["cosmos3"], config["server"]
+        chunks, frames = cosmos3["num_action_chunks"], cosmos3["num_frames"]
+        if frames != chunks + 1:
+            raise ValueError(
+                f"policy.cosmos3.num_frames ({frames}) must equal "
+                f"policy.cosmos3.num_action_chunks + 1 ({chunks + 1}); Cosmos3 predicts "
+                "num_frames - 1 actions"
+            )
+        stats_path = Path(cosmos3["action_stats_path"])
+        if not stats_path.is_file():
+            raise ValueError(
+                f"policy.cosmos3.action_stats_path: {stats_path} does not exist (relative paths "
+                f"start at {Path.cwd()}); point it at a Cosmos3 action-stats JSON such as "
+                "config/stats/libero_native_frame_wise_relative_rot6d.json"
+            )
+        if server["backend"] == "reference":
+            reference_stats = Path(server["reference"]["action_stats_path"])
+            if not reference_stats.is_file():
+                raise ValueError(
+                    f"server.reference.action_stats_path: {reference_stats} does not exist; "
+                    "point it at the model's action-stats JSON, e.g. "
+                    "config/stats/libero_native_frame_wise_relative_rot6d.json"
+                )
+        if server["backend"] == "sglang":
+            model_path = server["sglang"]["model_path"]
+            if not model_path:
+                raise ValueError(
+                    "server.sglang.model_path is not set: point it at the converted Cosmos3 "
+                    "model_diffusers/ directory"
+                )
+            if not (Path(model_path) / "model_index.json").is_file():
+                raise ValueError(
+                    f"server.sglang.model_path: {model_path} has no model_index.json; it must "
+                    "be the converted Cosmos3 diffusers directory (model_index.json, "
+                    "text_tokenizer/, ...)"
+                )
+
     def __init__(self, settings: dict[str, Any]):
         """``settings``: ``policy.cosmos3`` (or a ``policy`` mapping that holds it)."""
         if not isinstance(settings, dict):
@@ -149,7 +185,7 @@ class Cosmos3Adapter(PolicyAdapter):
         self.normalization = _setting_str(settings, "normalization")
         self.gripper_mapping = _setting_str(settings, "gripper_mapping")
         self.orthonormalization = _setting_str(settings, "orthonormalization")
-        # policy.transport png_base64: a JSON body with PNG images; msgpack: numpy arrays
+        # policy.cosmos3.transport png_base64: a JSON body with PNG images; msgpack: numpy arrays
         self.json_body = _setting_str(settings, "transport") == "png_base64"
         self.response_format = _setting_str(settings, "response_format")
         stats_path = settings["action_stats_path"]
@@ -341,3 +377,6 @@ class Cosmos3Adapter(PolicyAdapter):
                     f"Cosmos3 response action for input {index} is invalid: {exc}"
                 ) from exc
         return result
+
+
+ADAPTER = Cosmos3Adapter  # the family's entry (libero_eval.policy.adapters)

@@ -56,21 +56,17 @@ from libero_eval import settings_schema
 from libero_eval.policy import openpi_transforms as T
 from libero_eval.policy import paligemma
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
+from libero_eval.policy.adapters.pi05_run import check_pi05_run_config
 from libero_eval.policy.errors import PolicyResponseError
 from libero_eval.policy.pi05_checkpoint import Pi05Layout, read_checkpoint
 
-APIS = ("sglang_http", "sglang_websocket", "openpi_websocket")
+# policy.pi05's fields restricted to a list of values, as config/schema.yaml lists them (once).
+CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices("policy", "pi05")
+APIS = CHOICES["api"]
 OPENPI_SERVER_HORIZON = 10  # openpi pi05_libero answers [10, 7] (action_horizon=10)
 TEST_STATS = "config/stats/pi05_libero_norm_stats.json"  # made-up values of the right format
 # policy.pi05's fields and defaults, as config/schema.yaml writes them (once).
 DEFAULTS: dict[str, Any] = settings_schema.defaults("policy", "pi05")
-CHOICES = {
-    "api": APIS,
-    "lerobot_prompt": ("unpadded", "padded"),
-    "normalization": ("quantile", "zscore"),
-    "wire_format": ("msgpack", "json"),
-    "response_format": ("envelope", "raw"),
-}
 _POSITIVE_INTS = ("num_inference_steps", "replan_steps", "image_size")
 _OPTIONAL_INTS = ("action_horizon", "model_action_dim")
 
@@ -149,6 +145,7 @@ class Pi05Adapter(PolicyAdapter):
     """
 
     family: ClassVar[str] = "pi05"
+    check_run_config = staticmethod(check_pi05_run_config)
 
     def __new__(cls, settings: dict[str, Any]) -> Pi05Adapter:
         if cls is Pi05Adapter:
@@ -578,3 +575,5 @@ API_ADAPTERS: dict[str, type[Pi05Adapter]] = {
     "sglang_websocket": Pi05SglangWebsocketAdapter,
     "openpi_websocket": Pi05OpenpiServerAdapter,
 }
+
+ADAPTER = Pi05Adapter  # the family's entry (libero_eval.policy.adapters)
