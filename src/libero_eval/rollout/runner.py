@@ -1,12 +1,15 @@
 """A rollout shard: E LIBERO env workers, batched policy calls, one record per episode.
 
-The loop keeps every env busy: a worker that is waiting for actions holds a ready
-observation; ready observations are grouped by prompt (the server rejects mixed prompts in a
-batch), cut to the server's max batch size and sent on a small pool of policy threads; while a
-request is in flight the other workers keep stepping. Each finished episode is written to the
-episode store at once, so a killed shard loses only the episodes in flight. Which episode a
-worker runs next, and the shard's counts, are kept by `scheduler.EpisodeScheduler`; this
-module runs the processes, the batches and the policy calls around it.
+The loop keeps the server busy with full batches: a worker that is waiting for actions holds a
+ready observation; ready observations queue by prompt (the server rejects mixed prompts in a
+batch) and leave in requests of up to the server's max batch size when
+`dispatch.Dispatcher` says so, on a small pool of policy threads; while requests are in flight
+the other workers keep stepping. Each finished episode is written to the episode store at
+once, so a killed shard loses only the episodes in flight. Which episode a worker runs next
+(packed onto tasks so that batches fill), and the shard's counts, are kept by
+`scheduler.EpisodeScheduler`; this module runs the processes and the policy calls around them,
+and writes the shard's dispatch log (every request, and the envs' time waiting and stepping),
+from which the run reports its GPU efficiency.
 
 Failures: an episode whose env raises, or whose policy answer is unusable (NaN, wrong shape,
 undecodable), is recorded with its error and the shard goes on; an env worker process that
@@ -17,13 +20,13 @@ fails the shard with `ShardFailed`; finished episodes stay in the store for the 
 
 from __future__ import annotations
 
+import json
 import queue
 import socket
 import sys
 import threading
 import time
 import uuid
-from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -47,6 +50,7 @@ from libero_eval.policy.errors import (
     PolicyResponseError,
     PolicyServerUnavailable,
 )
+from libero_eval.rollout.dispatch import Dispatcher, LatencyModel
 from libero_eval.rollout.env_worker import (
     Command,
     EnvSettings,
@@ -86,8 +90,10 @@ class ShardSettings:
     endpoint: ConnectionSpec = field(default_factory=lambda: ConnectionSpec(""))
     client: ClientSettings = field(default_factory=ClientSettings)
     envs_per_shard: int = 2
-    max_inflight_requests: int = 1  # = env groups: group g holds workers g, g+G, g+2G, ...
-    batch_timeout_s: float = 1.0  # a group sends without its stragglers after this long
+    # requests at the server at once (one computing, the rest queued behind it); None: as
+    # many as the envs fill, ceil(envs / the server's max batch)
+    max_inflight_requests: int | None = None
+    batch_timeout_s: float = 1.0  # a partial batch waits no longer at an idle server
     health_timeout_s: float = 900.0
     max_episode_attempts: int = 2  # an episode whose env worker dies is retried once
     # this many unusable answers in a row (no good one between) mean a broken server
@@ -159,11 +165,57 @@ def _save_video(frames: list[np.ndarray], video_dir: Path, episode: Episode, suc
 
 class _Answer(NamedTuple):
     """A policy call's outcome: `Status.OK` with the actions, or `Status.ERROR` with the
-    exception; its wall time."""
+    exception; its wall time, and when it came back (time.monotonic())."""
 
     status: Status
     value: Any
     latency_s: float
+    answered_at: float
+
+
+class DispatchLog:
+    """What the shard's requests and envs did, for the run's efficiency report.
+
+    Times are wall-clock (time.time()) so that the shards of one slot can be merged. Envs
+    are "stepping" from a start or a chunk until their next observation or outcome, and
+    "waiting" while their observation is queued or in flight.
+    """
+
+    def __init__(self) -> None:
+        self._offset = time.time() - time.monotonic()
+        self.started_at = time.time()
+        self.requests: list[tuple[float, float, int, bool]] = []
+        self.env_seconds = {"waiting": 0.0, "stepping": 0.0}
+        self._env_state: dict[int, tuple[str, float]] = {}
+
+    def request(self, sent_at: float, answered_at: float, observations: int, ok: bool) -> None:
+        """One request (monotonic times)."""
+        self.requests.append((sent_at + self._offset, answered_at + self._offset, observations, ok))
+
+    def env(self, worker: int, state: str | None, now: float) -> None:
+        """`worker` is now "stepping", "waiting" or idle (None), since `now` (monotonic)."""
+        previous = self._env_state.pop(worker, None)
+        if previous is not None:
+            self.env_seconds[previous[0]] += now - previous[1]
+        if state is not None:
+            self._env_state[worker] = (state, now)
+
+    def write(self, path: Path, header: dict[str, Any]) -> None:
+        """Close every env's clock and write the log as JSON (atomically)."""
+        now = time.monotonic()
+        for worker in list(self._env_state):
+            self.env(worker, None, now)
+        data = {
+            **header,
+            "started_at": self.started_at,
+            "ended_at": time.time(),
+            "requests": [list(r) for r in self.requests],
+            "env_seconds": self.env_seconds,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".part")
+        partial.write_text(json.dumps(data))
+        partial.replace(path)
 
 
 class _CallPool:
@@ -201,61 +253,6 @@ class _CallPool:
                 thread.join()
 
 
-class _Batches:
-    """Observations waiting for actions, by env group, and each group's requests in flight.
-
-    A group sends once all of its running envs are ready (full batches, no idle server while a
-    sibling group steps), or when its oldest ready observation has waited `timeout_s` (a reset
-    or a slow env); it sends nothing more while a request of its own is in flight.
-    """
-
-    def __init__(self, groups: int, timeout_s: float):
-        self.groups = groups
-        self.timeout_s = timeout_s
-        self.ready: list[tuple[int, Observation]] = []
-        self.ready_since: dict[int, float] = {}
-        self.inflight = [0] * groups
-
-    def add(self, worker: int, observation: Observation) -> None:
-        self.ready.append((worker, observation))
-        self.ready_since[worker] = time.monotonic()
-
-    def wait_timeout(self) -> float:
-        """How long to wait for workers: until the batch timeout of a group that could send
-        (none in flight), at most 1 s."""
-        deadline = min(
-            (t for i, t in self.ready_since.items() if not self.inflight[i % self.groups]),
-            default=None,
-        )
-        if deadline is None:
-            return 1.0
-        return max(0.0, min(1.0, deadline + self.timeout_s - time.monotonic()))
-
-    def take_due(
-        self, group: int, stepping: bool, max_batch_size: int, now: float
-    ) -> list[tuple[int, Observation]]:
-        """Take `group`'s ready observations if it sends now (else none); `stepping`: one of
-        its running envs is still stepping."""
-        if self.inflight[group]:
-            return []
-        mine = [item for item in self.ready if item[0] % self.groups == group]
-        if not mine:
-            return []
-        oldest = min(self.ready_since[index] for index, _ in mine)
-        if stepping and len(mine) < max_batch_size and now - oldest < self.timeout_s:
-            return []
-        self.ready[:] = [item for item in self.ready if item[0] % self.groups != group]
-        return mine
-
-    def sent(self, group: int, batch: list[tuple[int, Observation]]) -> None:
-        for index, _ in batch:
-            self.ready_since.pop(index, None)
-        self.inflight[group] += 1
-
-    def answered(self, batch: list[tuple[int, Observation]]) -> None:
-        self.inflight[batch[0][0] % self.groups] -= 1
-
-
 class ShardRunner:
     """Runs one shard's episodes against one policy server."""
 
@@ -267,8 +264,13 @@ class ShardRunner:
         progress: Callable[[int, int, int], None] | None = None,
         max_batch_size: int = 1,
         faults: Faults | None = None,
+        latency: LatencyModel | None = None,
     ):
+        """`latency`: the server's latency model, measured at its start (None: learned from
+        the first answer)."""
         self.settings = settings
+        self.latency = latency
+        self.dispatch_log = DispatchLog()
         self.faults = faults
         self._faults: NoFaults = NO_FAULTS  # the hooks of a run (libero_eval.faults)
         self.max_batch_size = max_batch_size
@@ -301,17 +303,19 @@ class ShardRunner:
                 self._connections.append(connection)
         return connection
 
-    def _call_policy(self, batch: list[tuple[int, Observation]]) -> None:
+    def _call_policy(self, task: tuple[int, list[tuple[int, Observation]]]) -> None:
+        request, batch = task
         observations = [obs for _, obs in batch]
         started = time.monotonic()
         try:
             payload = self.adapter.build_request(observations, request_id=uuid.uuid4().hex)
             response = self._connection().infer(payload)
             actions = self.adapter.parse_response(response, len(observations))
-            answer = _Answer(Status.OK, actions, time.monotonic() - started)
+            status, value = Status.OK, actions
         except Exception as exc:  # noqa: BLE001 - handed to the main loop to decide
-            answer = _Answer(Status.ERROR, exc, time.monotonic() - started)
-        self._done_queue.put((batch, answer))
+            status, value = Status.ERROR, exc
+        now = time.monotonic()
+        self._done_queue.put((request, batch, _Answer(status, value, now - started, now)))
         self._wake_writer.send(b"x")
 
     # -- main loop -----------------------------------------------------------------------------
@@ -343,30 +347,32 @@ class ShardRunner:
             EnvWorker(i, s.env, s.protocol, inject_faults=self._faults.injects_env_faults)
             for i in range(min(s.envs_per_shard, len(pending)))
         ]
-        groups = max(1, min(s.max_inflight_requests, len(workers)))
+        batch = max(1, self.max_batch_size)
         # the state of this run, shared by the loop's steps below
         self._workers = workers
         self._scheduler = EpisodeScheduler(
-            pending, groups, done_before, total, s.max_episode_attempts, self.progress
+            pending, batch, done_before, total, s.max_episode_attempts, self.progress
         )
-        self._batches = _Batches(groups, s.batch_timeout_s)
+        self.max_inflight = s.max_inflight_requests or -(-len(workers) // batch)
+        self._dispatcher = Dispatcher(batch, self.max_inflight, s.batch_timeout_s, self.latency)
+        self._ready: dict[int, Observation] = {}  # workers' observations waiting for actions
+        self._sent_at: dict[int, float] = {}  # request id -> when it left (monotonic)
+        self._prompt_of_task: dict[tuple[str, int], Any] = {}  # seen prompts, for siblings
         self._bad_in_a_row = 0  # consecutive unusable policy answers
-        # enough threads for every env's request in flight when the server takes one
-        # observation per request (π0.5: throughput comes from requests in flight)
-        per_request = -(-len(workers) // max(1, self.max_batch_size))
-        pool = _CallPool(max(4, s.max_inflight_requests, per_request), self._call_policy)
+        pool = _CallPool(max(1, self.max_inflight), self._call_policy)
         fatal: BaseException | None = None
         try:
             for worker in workers:
                 self._start(worker, self._scheduler.next_for(worker.index))
             while not self._scheduler.all_done:
                 conns = [w.conn for w in workers if w.busy]
-                timeout = self._batches.wait_timeout()
+                wake = self._dispatcher.next_decision(time.monotonic())
+                timeout = 1.0 if wake is None else min(1.0, wake)
                 for ready in wait([*conns, self._wake_reader], timeout=timeout):
                     if ready is not self._wake_reader:
                         self._on_env_message(next(w for w in workers if w.conn is ready))
                 self._on_policy_answers()
-                self._send_due_batches(pool)
+                self._send_due(pool)
         except BaseException as exc:
             fatal = exc
             raise
@@ -392,6 +398,7 @@ class ShardRunner:
         )
         spec = EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id, fault)
         worker.send(Command.START, spec)
+        self.dispatch_log.env(worker.index, "stepping", time.monotonic())
 
     def _finish(self, worker: EnvWorker, record: dict[str, Any]) -> None:
         """Store and log `worker`'s finished episode, then start its next one."""
@@ -408,6 +415,7 @@ class ShardRunner:
         if record["error"]:
             line += f", error={record['error'].splitlines()[0]}"
         log_event(s.event_log, f"rollout {s.shard}", line)
+        self.dispatch_log.env(worker.index, None, time.monotonic())
         following = self._scheduler.finish(worker.index, record["success_once"])
         self._faults.after_episode_persisted(s.shard, self._scheduler.finished_here)
         if following is not None:
@@ -439,7 +447,12 @@ class ShardRunner:
             self._finish(worker, _record(s, info.episode, info, self.url, result, video_path=video))
         else:
             info.task_language = result.task_language
-            self._batches.add(worker.index, result)
+            now = time.monotonic()
+            key = self.adapter.prompt_key(result)
+            self._prompt_of_task[(info.episode.suite, info.episode.task_id)] = key
+            self._ready[worker.index] = result
+            self._dispatcher.ready(worker.index, key, now)
+            self.dispatch_log.env(worker.index, "waiting", now)
 
     def _on_policy_answers(self) -> None:
         """Hand the finished policy calls' action chunks to their workers."""
@@ -450,10 +463,15 @@ class ShardRunner:
             pass
         while True:
             try:
-                batch, (status, value, latency) = self._done_queue.get_nowait()
+                request, batch, (status, value, latency, answered_at) = (
+                    self._done_queue.get_nowait()
+                )
             except queue.Empty:
                 return
-            self._batches.answered(batch)
+            self._dispatcher.answered(request, answered_at)
+            self.dispatch_log.request(
+                self._sent_at.pop(request), answered_at, len(batch), status == Status.OK
+            )
             self._check_server(status, value)
             for position, (index, _obs) in enumerate(batch):
                 worker = self._workers[index]
@@ -467,6 +485,7 @@ class ShardRunner:
                     self._fail(worker, f"{kind}: {value}")
                 else:
                     worker.send(Command.CHUNK, self._faults.chunk(index, value[position]))
+                    self.dispatch_log.env(index, "stepping", time.monotonic())
 
     def _check_server(self, status: Status, value: Any) -> None:
         """Fail the shard on a server that is gone, rejects requests, or keeps answering
@@ -488,33 +507,19 @@ class ShardRunner:
         elif status == Status.OK:
             self._bad_in_a_row = 0
 
-    def _send_due_batches(self, pool: _CallPool) -> None:
-        """Send the ready observations of each env group that is due (see `_Batches`)."""
+    def _send_due(self, pool: _CallPool) -> None:
+        """Send the requests the dispatcher says are due (see `dispatch.Dispatcher`)."""
+        coming: dict[Any, int] = {}  # per prompt: running envs whose observation will come
+        for worker in self._workers:
+            if worker.index not in self._ready and self._scheduler.is_running(worker.index):
+                episode = self._scheduler.running_on(worker.index).episode
+                key = self._prompt_of_task.get((episode.suite, episode.task_id))
+                if key is not None:
+                    coming[key] = coming.get(key, 0) + 1
         now = time.monotonic()
-        for group in range(self._batches.groups):
-            stepping = any(
-                w.busy
-                for w in self._workers
-                if self._scheduler.group_of(w.index) == group
-                and self._scheduler.is_running(w.index)
-            )
-            due = self._batches.take_due(group, stepping, self.max_batch_size, now)
-            while due:
-                batch = self._take_batch(due)
-                self._batches.sent(group, batch)
-                pool.submit(batch)
-
-    def _take_batch(self, ready: list[tuple[int, Observation]]) -> list[tuple[int, Observation]]:
-        """The oldest prompt group among ready observations, up to the max batch size."""
-        groups: dict[str, list[int]] = defaultdict(list)
-        for position, (_, obs) in enumerate(ready):
-            groups[self.adapter.prompt_key(obs)].append(position)
-        first_key = self.adapter.prompt_key(ready[0][1])
-        chosen = groups[first_key][: self.max_batch_size]
-        batch = [ready[i] for i in chosen]
-        for i in sorted(chosen, reverse=True):
-            del ready[i]
-        return batch
+        for request, indices in self._dispatcher.due(now, coming):
+            self._sent_at[request] = now
+            pool.submit((request, [(index, self._ready.pop(index)) for index in indices]))
 
 
 def run_shard(
@@ -524,8 +529,12 @@ def run_shard(
     server_url: str,
     output_path: Path | str,
     progress: bool = True,
+    dispatch_log: Path | None = None,
+    capacity: dict[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run a shard end to end: wait for the server, run what is missing, write the Parquet."""
+    """Run a shard end to end: wait for the server, run what is missing, write the Parquet
+    and, with `dispatch_log`, the shard's requests and env times (JSON). `capacity`: the
+    server's capacity probe from its service file, the dispatcher's first latency model."""
     finished = store.finished(episodes)  # one pass over the records, not one per episode
     pending = [ep for ep in episodes if ep not in finished]
     max_batch = 1
@@ -566,6 +575,7 @@ def run_shard(
         progress=on_progress,
         max_batch_size=max_batch,
         faults=active_faults(),
+        latency=LatencyModel.from_capacity(capacity),
     )
     try:
         records = runner.run(episodes)
@@ -573,4 +583,18 @@ def run_shard(
         if bar is not None:
             bar.close()
     write_results(records, output_path)
+    if dispatch_log is not None:
+        runner.dispatch_log.write(
+            Path(dispatch_log),
+            {
+                "shard": settings.shard,
+                "slot": settings.slot,
+                "server_url": server_url,
+                "envs": min(settings.envs_per_shard, len(pending)),
+                "max_batch_size": max_batch,
+                "max_inflight_requests": getattr(runner, "max_inflight", 0),
+                "reused_episodes": len(episodes) - len(pending),
+                "episodes_run": len(pending),
+            },
+        )
     return records

@@ -1,14 +1,18 @@
 """Which episode each env worker of a shard runs next, and the shard's episode counts.
 
-Workers are numbered 0..W-1 and fall in G env groups (group g holds workers g, g+G, g+2G, ...;
-a group's ready observations share one policy request). The scheduler knows nothing of
-processes, HTTP or LIBERO: the shard runner tells it what happened and it answers which
-episode comes next, so it is tested with plain episodes.
+Workers are numbered 0..W-1. A policy request carries one prompt, so envs that run the same
+task share a batch: the scheduler packs workers onto tasks `batch_size` at a time (the
+server's max batch per request). It knows nothing of processes, HTTP or LIBERO: the shard
+runner tells it what happened and it answers which episode comes next, so it is tested with
+plain episodes. Which episode runs where changes no outcome: an episode's scene is seeded from
+the episode alone.
 
-Assignment: a worker takes an episode of its own task first (no env rebuild), then one of the
-tasks its group's other workers run (same prompt, so they share a batch), else the next in
-plan order. An episode whose env worker died is started again until it has had
-`max_attempts` attempts; after that the runner records it as failed.
+Assignment: a worker takes an episode of its own task first (no env rebuild); else one of a
+task that other workers run on fewer than `batch_size` envs, the fullest first (its batch
+grows towards full); else the next in plan order. With `batch_size` 1 (a server that merges
+single-observation requests itself) that is own task, then plan order. An episode whose env
+worker died is started again until it has had `max_attempts` attempts; after that the runner
+records it as failed.
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ class EpisodeScheduler:
     def __init__(
         self,
         pending: Sequence[Episode],
-        groups: int = 1,
+        batch_size: int = 1,
         done_before: int = 0,
         total: int | None = None,
         max_attempts: int = 2,
@@ -48,7 +52,7 @@ class EpisodeScheduler:
         counts this run's only)."""
         self._todo = list(pending)
         self._running: dict[int, RunningEpisode] = {}
-        self.groups = groups
+        self.batch_size = batch_size
         self.total = done_before + len(pending) if total is None else total
         self.max_attempts = max_attempts
         self.progress = progress
@@ -56,9 +60,6 @@ class EpisodeScheduler:
         self.successes = 0  # successful episodes finished by this run
         self.finished_here = 0  # episodes finished (and recorded) by this run
         self.first_attempts = 0  # episodes this run has started for the first time
-
-    def group_of(self, worker: int) -> int:
-        return worker % self.groups
 
     @property
     def all_done(self) -> bool:
@@ -74,19 +75,24 @@ class EpisodeScheduler:
 
     def next_for(self, worker: int) -> Episode | None:
         """Take the next episode for `worker` off the to-do list (None when it is empty):
-        its own task first, then its group's other tasks in worker order, else plan order."""
+        its own task first, then a task other workers run on fewer than `batch_size` envs
+        (the most first), else plan order."""
         if not self._todo:
             return None
-        group = self.group_of(worker)
-        wanted = [self._running[worker].episode] if worker in self._running else []
-        wanted += [
-            info.episode
-            for index, info in self._running.items()
-            if self.group_of(index) == group and index != worker
-        ]
-        for episode in wanted:
+        own = self._running.get(worker)
+        running_on: dict[tuple[str, int], int] = {}
+        for index, info in self._running.items():
+            if index != worker:
+                task = (info.episode.suite, info.episode.task_id)
+                running_on[task] = running_on.get(task, 0) + 1
+        wanted = [(own.episode.suite, own.episode.task_id)] if own is not None else []
+        wanted += sorted(
+            (task for task, count in running_on.items() if count < self.batch_size),
+            key=lambda task: -running_on[task],
+        )
+        for task in wanted:
             for i, candidate in enumerate(self._todo):
-                if (candidate.suite, candidate.task_id) == (episode.suite, episode.task_id):
+                if (candidate.suite, candidate.task_id) == task:
                     return self._todo.pop(i)
         return self._todo.pop(0)
 

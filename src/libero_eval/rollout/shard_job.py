@@ -42,6 +42,7 @@ class ShardPaths:
     serve_log: Path  # logs/<run>/serve/slot<k>.log: quoted when the server is unavailable
     event_log: Path | None = None  # logs/<run>/eval_embodiment.log
     video_dir: Path | None = None  # results/<run>/videos (with rollout.videos.enabled)
+    dispatch_log: Path | None = None  # results/<run>/shards/<shard>.dispatch.json
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
     watch = _follow_parent()
     store = EpisodeStore(paths.store)
     episodes = list(shard.episodes)
-    url = ""
+    url, capacity = "", None
     resume = f"Finished episodes are kept in {paths.store}; rerun the workflow to resume."
     try:
         if len(store.finished(episodes)) < len(episodes):
@@ -91,8 +92,16 @@ def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
                 timeout_s=shard_settings.health_timeout_s,
                 log_path=paths.serve_log,
             )
-            url = service["url"]
-        run_shard(episodes, shard_settings, store, url, paths.output)
+            url, capacity = service["url"], service.get("capacity")
+        run_shard(
+            episodes,
+            shard_settings,
+            store,
+            url,
+            paths.output,
+            dispatch_log=paths.dispatch_log,
+            capacity=capacity,
+        )
     except (ShardFailed, ServiceUnavailableError, InjectedFault) as exc:
         log_event(event_log, f"rollout {shard_name}", f"FAILED: {exc}")
         print(f"{exc}\n{resume}", file=sys.stderr)

@@ -1,0 +1,218 @@
+"""The dispatcher alone: which ready observations leave in which request, and when.
+
+Driven with plain numbers for time: the dispatcher reads no clock. The last tests run a small
+discrete-event model of a shard (envs that step for a fixed time, a server that computes one
+batch at a time in fixed + per-item seconds) and check the batches and the server's duty.
+"""
+
+import heapq
+
+import pytest
+
+from libero_eval.rollout.dispatch import LEAD_FRACTION, Dispatcher, LatencyModel
+
+COSMOS3 = LatencyModel(fixed_s=0.65, per_item_s=0.19)  # batch 1 in 0.84 s, batch 8 in 2.17 s
+
+
+def dispatcher(**kwargs) -> Dispatcher:
+    model = LatencyModel(**vars(COSMOS3))  # its own copy: answers change a model
+    settings = {"max_batch": 8, "max_inflight": 2, "batch_timeout_s": 1.0, "model": model}
+    return Dispatcher(**(settings | kwargs))
+
+
+def test_latency_model_is_the_line_through_the_smallest_and_largest_probe():
+    capacity = {
+        "probes": [
+            {"observations": 1, "requests": 1, "seconds": 0.84},
+            {"observations": 8, "requests": 1, "seconds": 2.16},
+        ]
+    }
+    model = LatencyModel.from_capacity(capacity)
+    assert model.per_item_s == pytest.approx(1.32 / 7)
+    assert model.seconds(1) == pytest.approx(0.84)
+    assert model.seconds(8) == pytest.approx(2.16)
+    assert LatencyModel.from_capacity(None) is None
+    assert LatencyModel.from_capacity({"probes": []}) is None
+
+
+def test_answers_slower_than_measured_scale_the_model_up():
+    model = LatencyModel(0.5, 0.25)
+    model.observe(2, 2.0)  # predicted 1.0
+    assert 1.0 < model.scale < 2.0
+    assert model.seconds(2) == pytest.approx(model.scale)
+
+
+def test_a_full_batch_leaves_at_once_and_takes_the_oldest_first():
+    d = dispatcher()
+    for worker in range(10):
+        d.ready(worker, "pick the bowl", now=float(worker))
+    assert d.due(now=10.0, coming={"pick the bowl": 0}) == [
+        (1, list(range(8))),
+        (2, [8, 9]),  # nothing more is coming for this prompt: it leaves too
+    ]
+    assert d.inflight == 2 and d.waiting == 0
+
+
+def test_no_request_leaves_without_a_free_slot():
+    d = dispatcher(max_inflight=1)
+    for worker in range(16):
+        d.ready(worker, "a" if worker < 8 else "b", now=0.0)
+    assert [len(w) for _, w in d.due(0.0, {})] == [8]
+    assert d.due(0.5, {}) == []
+    d.answered(1, now=2.2)
+    assert [w for _, w in d.due(2.2, {})] == [list(range(8, 16))]
+
+
+def test_a_partial_batch_waits_while_the_server_is_busy_until_it_is_about_to_finish():
+    d = dispatcher()
+    for worker in range(8):
+        d.ready(worker, "a", now=0.0)
+    ((request, _),) = d.due(0.0, {})
+    d.ready(8, "b", now=0.1)  # its 7 siblings still step
+    assert d.due(0.1, {"b": 7}) == []
+    finish = COSMOS3.seconds(8)
+    lead = LEAD_FRACTION * COSMOS3.seconds(8)
+    assert d.busy_until() == pytest.approx(finish)
+    assert d.next_decision(0.1) == pytest.approx(finish - lead - 0.1)
+    d.ready(9, "b", now=1.0)
+    assert d.due(finish - lead - 0.01, {"b": 6}) == []
+    assert d.due(finish - lead, {"b": 6}) == [(2, [8, 9])]  # the server must not idle
+
+
+def test_a_partial_batch_at_an_idle_server_waits_for_its_siblings_at_most_the_fixed_cost():
+    d = dispatcher()
+    d.ready(0, "a", now=0.0)
+    assert d.hold_s == pytest.approx(COSMOS3.fixed_s)
+    assert d.due(0.3, {"a": 3}) == []
+    d.ready(1, "a", now=0.4)
+    d.ready(2, "a", now=0.5)
+    assert d.next_decision(0.5) == pytest.approx(COSMOS3.fixed_s - 0.5)
+    assert d.due(COSMOS3.fixed_s, {"a": 1}) == [(1, [0, 1, 2])]
+
+
+def test_without_a_measured_model_the_batch_timeout_holds_and_the_first_answer_teaches():
+    d = dispatcher(model=None, batch_timeout_s=1.0)
+    d.ready(0, "a", now=0.0)
+    assert d.due(0.9, {"a": 1}) == []
+    assert d.due(1.0, {"a": 1}) == [(1, [0])]
+    d.ready(1, "a", now=1.1)
+    assert d.next_decision(1.1) is None  # busy for an unknown time: wait for the answer
+    assert d.due(1.5, {"a": 1}) == []
+    d.answered(1, now=1.8)
+    assert d.model is not None and d.model.seconds(1) == pytest.approx(0.8)
+
+
+def test_one_observation_per_request_leaves_at_once():
+    # π0.5: the server takes one observation per request and merges requests itself
+    d = dispatcher(max_batch=1, max_inflight=32)
+    for worker in range(5):
+        d.ready(worker, f"task {worker % 2}", now=0.0)
+    assert sorted(w[0] for _, w in d.due(0.0, {"task 0": 10, "task 1": 10})) == list(range(5))
+
+
+# -- a shard as a discrete-event model -------------------------------------------------------------
+
+
+def simulate(
+    envs: int,
+    prompt_of: list[str],
+    step_s: list[float],
+    first_ready: list[float],
+    model: LatencyModel,
+    max_batch: int,
+    max_inflight: int,
+    rounds: int,
+) -> tuple[list[int], float]:
+    """Envs that take `step_s[i]` to step a chunk, a server that computes one request at a
+    time in `model.seconds(n)`; each env asks `rounds` times. Returns the request sizes in
+    order and the server's busy fraction between its first start and last finish."""
+    d = Dispatcher(max_batch, max_inflight, batch_timeout_s=1.0, model=LatencyModel(**vars(model)))
+    events = [(t, "ready", i) for i, t in enumerate(first_ready)]
+    heapq.heapify(events)
+    asked = [0] * envs
+    queued: set[int] = set()
+    server_free_at, queue, sizes, busy = 0.0, [], [], 0.0
+    first_start = None
+    now = 0.0
+    while events or queue:
+        wake = d.next_decision(now)
+        if events and (wake is None or events[0][0] <= now + wake):
+            now, kind, data = heapq.heappop(events)
+            if kind == "ready":
+                d.ready(data, prompt_of[data], now)
+                queued.add(data)
+            else:  # the server answered request `data` = (id, workers)
+                request, workers = data
+                d.answered(request, now)
+                for worker in workers:
+                    asked[worker] += 1
+                    if asked[worker] < rounds:
+                        heapq.heappush(events, (now + step_s[worker], "ready", worker))
+        elif wake is not None:
+            now += wake
+        coming = {}  # envs that will ask again and are not queued
+        for worker, prompt in enumerate(prompt_of):
+            if asked[worker] < rounds and worker not in queued:
+                coming[prompt] = coming.get(prompt, 0) + 1
+        for request, workers in d.due(now, coming):
+            queued.difference_update(workers)
+            start = max(now, server_free_at)
+            first_start = start if first_start is None else first_start
+            server_free_at = start + model.seconds(len(workers))
+            busy += model.seconds(len(workers))
+            sizes.append(len(workers))
+            heapq.heappush(events, (server_free_at, "answer", (request, workers)))
+        queue = []
+    return sizes, busy / (server_free_at - first_start)
+
+
+def test_two_prompts_of_eight_keep_a_slower_server_busy_with_full_batches():
+    sizes, duty = simulate(
+        envs=16,
+        prompt_of=["a"] * 8 + ["b"] * 8,
+        step_s=[0.5 + 0.01 * i for i in range(16)],
+        first_ready=[3.0 + 0.1 * i for i in range(16)],  # resets end at different times
+        model=COSMOS3,
+        max_batch=8,
+        max_inflight=2,
+        rounds=15,
+    )
+    # resets spread over 0.7 s, more than the idle server's hold (its fixed cost, 0.65 s):
+    # the first request leaves with 7; the late env joins the next one of its prompt, and
+    # after the start every request is full until the late env's last round
+    assert sizes[0] == 7 and sizes[1:-1] == [8] * 29 and sizes[-1] == 1
+    assert duty > 0.99
+
+
+def test_a_straggler_joins_its_groups_next_batch_instead_of_travelling_alone():
+    # 8 envs of one prompt; env 7's reset ends 1.5 s after the others'. The old dispatch sent
+    # 7 + 1 for the whole run; here the straggler waits for the next batch of its prompt.
+    sizes, _ = simulate(
+        envs=16,
+        prompt_of=["a"] * 8 + ["b"] * 8,
+        step_s=[0.5] * 16,
+        first_ready=[3.0] * 7 + [4.5] + [3.0] * 8,
+        model=COSMOS3,
+        max_batch=8,
+        max_inflight=2,
+        rounds=15,
+    )
+    assert sizes.count(8) >= len(sizes) - 2  # at most the first round is split
+    assert 1 not in sizes[2:]
+    assert sum(sizes) == 16 * 15
+
+
+def test_envs_stepping_slower_than_the_server_get_it_to_send_what_is_ready():
+    # the env side is the bottleneck: batches may be partial, but each leaves once its
+    # prompt has no env stepping or the idle server's hold has passed; nothing is lost
+    sizes, _ = simulate(
+        envs=4,
+        prompt_of=["a", "a", "b", "b"],
+        step_s=[3.0, 3.5, 3.0, 9.0],
+        first_ready=[0.0, 0.2, 0.0, 0.3],
+        model=COSMOS3,
+        max_batch=8,
+        max_inflight=2,
+        rounds=5,
+    )
+    assert sum(sizes) == 4 * 5
