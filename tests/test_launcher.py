@@ -449,19 +449,30 @@ def test_snakemakes_zero_thread_variables_become_a_positive_count(tmp_path, monk
     with start_fake(tmp_path, extra_env=fake_env(tmp_path)) as server:
         server.wait_healthy()
     env = recorded(tmp_path)["env"]
-    expected = str(max(1, min(16, usable_cpus())))
+    expected = str(max(1, min(4, usable_cpus() // 4)))
     assert {key: env[key] for key in THREAD_VARIABLES} == dict.fromkeys(THREAD_VARIABLES, expected)
     assert server.env["OMP_NUM_THREADS"] == expected
 
 
-def test_thread_count_is_shared_among_the_servers_gpus_and_capped():
+def test_thread_count_is_a_quarter_of_the_cpus_per_gpu_from_1_to_4():
     two_gpus = ServerSettings.from_dict(sglang_settings(sglang={"num_gpus": 2}))
     one_gpu = ServerSettings.from_dict(sglang_settings())
-    assert server_threads(two_gpus, cpus=12) == 6
+    assert server_threads(two_gpus, cpus=12) == 1
     assert server_threads(two_gpus, cpus=1) == 1
-    assert server_threads(one_gpu, cpus=64) == 16
+    assert server_threads(one_gpu, cpus=2) == 1  # a 2-core workstation
+    assert server_threads(one_gpu, cpus=16) == 4  # one H200 node, 16 cores (measured best)
+    assert server_threads(one_gpu, cpus=64) == 4
     assert build_env(two_gpus, base={})["OMP_NUM_THREADS"] == str(server_threads(two_gpus))
     assert "MKL_NUM_THREADS" not in build_env(two_gpus, base={})  # only fixed, never added
+
+
+def test_eight_servers_on_a_128_core_node_leave_three_quarters_to_the_envs():
+    # local Snakemake: every slot's serve job sees the whole node; 8 servers, 1 GPU each
+    threads = server_threads(ServerSettings.from_dict(sglang_settings()), cpus=128)
+    assert threads == 4
+    assert 8 * threads <= 128 // 4  # 32 server threads, 96 cores for 128-256 env workers
+    # under Slurm a slot's job gets the CPUs of its envs (16 here) and the same 4
+    assert server_threads(ServerSettings.from_dict(sglang_settings()), cpus=16) * 4 <= 16
 
 
 def test_configured_cpu_threads_replace_every_thread_variable(tmp_path, monkeypatch):

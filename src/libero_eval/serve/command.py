@@ -38,8 +38,13 @@ THREAD_VARIABLES = (
     "NUMEXPR_NUM_THREADS",
 )
 # SGLang 0.5.23 sizes a worker's pool as min(16, host cores // GPUs) when OMP_NUM_THREADS is
-# unset (multimodal_gen/runtime/managers/gpu_worker.py, _worker_cpu_intra_op_threads).
-MAX_SERVER_THREADS = 16
+# unset (multimodal_gen/runtime/managers/gpu_worker.py, _worker_cpu_intra_op_threads). On a
+# node whose cores the env workers share, that starves both (one H200, 16 cores, through the
+# workflow: π0.5 18.3 obs/s with 16 threads, 42.0 with 2, 46.4 with 4; Cosmos3 2.24 with 16,
+# 3.27 with 4; docs/performance.md, "Server threads"). So a server takes a quarter of the CPUs
+# it shares with its envs, per GPU, and at most 4: the envs keep the other three quarters.
+MAX_SERVER_THREADS = 4
+SERVER_CPU_SHARE = 4  # a server's threads: its CPUs per GPU // this
 
 
 def build_command(settings: ServerSettings) -> list[str]:
@@ -96,14 +101,14 @@ def usable_cpus() -> int:
 
 
 def server_threads(settings: ServerSettings, cpus: int | None = None) -> int:
-    """CPU threads for the server: `settings.cpu_threads`, else the usable CPUs shared among
-    its GPUs, 1 to 16 (SGLang's own rule for a worker, but counted on the CPUs this job may
-    use, not the whole host)."""
+    """CPU threads for the server: `settings.cpu_threads`, else a quarter of the usable CPUs
+    per GPU (counted on the CPUs this job may use: its affinity, a Slurm cpuset, which it
+    shares with the slot's env workers), 1 to 4 (`MAX_SERVER_THREADS`, measured)."""
     if settings.cpu_threads is not None:
         return settings.cpu_threads
     gpus = settings.sglang.num_gpus if settings.sglang is not None else 1
     cpus = usable_cpus() if cpus is None else cpus
-    return max(1, min(MAX_SERVER_THREADS, cpus // max(1, gpus)))
+    return max(1, min(MAX_SERVER_THREADS, cpus // max(1, gpus) // SERVER_CPU_SHARE))
 
 
 def _is_thread_count(value: str | None) -> bool:
