@@ -91,20 +91,22 @@ ckpt() {  # family
 config_of() { [ "$1" = cosmos3 ] && echo config/libero_spatial_cosmos3_sglang.yaml || echo config/libero_pi05_openpi_sglang.yaml; }
 
 workflow() {  # family envs
-  local family=$1 envs=$2 run="h200_$1_e$2" dir
+  # The overlay sets only the random checkpoint, the attention backend, one slot, the env
+  # count, the plan and max_steps: the shipped config's server and rollout defaults stay.
+  # PLAN=TASKS:TRIALS (TASKS "all" or "0,1"; default all:ceil(envs/5)), MAX_STEPS (default
+  # 64 Cosmos3, 60 π0.5), THREADS (server.cpu_threads, for a sweep), BMS (batching_max_size),
+  # TAG (run name suffix). CONFIG overrides the family's shipped config.
+  local family=$1 envs=$2 dir
+  local run="h200_$1_e$2${TAG:+_$TAG}"
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
-  # request groups: Cosmos3 one batch of GROUP envs per request (at least 2 groups, so one
-  # steps while the other is served); π0.5 (GROUP=1) one request per env
-  local group=8 bms=8 max_steps=64
-  if [ "$family" = pi05 ]; then group=1; bms=$(( envs < 32 ? envs : 32 )); max_steps=60; fi
-  group=${GROUP:-$group}; bms=${BMS:-$bms}; max_steps=${MAX_STEPS:-$max_steps}
-  local groups=$(( envs / group )); [ $groups -lt 2 ] && groups=2
-  local trials=$(( (2 * envs + 9) / 10 ))
-  # short episodes (max_steps) measure the steady state quickly; episodes/hour for the
-  # protocol's full length are derived from steps/s in docs/performance.md
+  local max_steps=64; [ "$family" = pi05 ] && max_steps=60
+  max_steps=${MAX_STEPS:-$max_steps}
+  local plan=${PLAN:-all:$(( (2 * envs + 9) / 10 ))}
+  local tasks=${plan%%:*} trials=${plan##*:}
+  [ "$tasks" = all ] || tasks="[$tasks]"
   cat > /tmp/overlay_$run.yaml <<EOF
 run_id: $run
-plan: {suites: [libero_spatial], task_ids: all, num_trials_per_task: $trials}
+plan: {suites: [libero_spatial], task_ids: $tasks, num_trials_per_task: $trials}
 server:
   num_slots: 1
   health_timeout_s: 600
@@ -112,30 +114,35 @@ server:
     command: [$L/bin/sglang]
     model_path: $dir
     attention_backend: torch_sdpa
-    batching_max_size: $bms
 rollout:
   total_num_envs: $envs
-  shards_per_slot: 1
-  max_inflight_requests: $groups
   max_steps: $max_steps
   render_device: slot_gpu
 EOF
-  say "[$run] snakemake: $envs envs, $groups request groups, $trials trials per task, bms $bms, max_steps $max_steps"
+  local extra=()
+  if [ -n "${THREADS:-}${BMS:-}" ]; then  # a second overlay: a sweep's one changed setting
+    { echo "server:"; [ -n "${THREADS:-}" ] && echo "  cpu_threads: $THREADS"
+      [ -n "${BMS:-}" ] && printf '  sglang:\n    batching_max_size: %s\n' "$BMS"; } > /tmp/overlay2_$run.yaml
+    extra=(/tmp/overlay2_$run.yaml)
+  fi
+  say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}"
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 &
   local mon=$!
   local ts=$(date +%s.%N)
-  timeout -k 10 $(( $(left) - 45 )) python3 -m snakemake --cores 40 --scheduler greedy --rerun-incomplete \
-    --configfile "$(config_of $family)" /tmp/overlay_$run.yaml > "$R/snakemake_$run.log" 2>&1
+  timeout -k 10 $(( $(left) - 30 )) python3 -m snakemake --cores 40 --scheduler greedy --rerun-incomplete \
+    --configfile "${CONFIG:-$(config_of $family)}" /tmp/overlay_$run.yaml "${extra[@]}" \
+    > "$R/snakemake_$run.log" 2>&1
   local rc=$?
   local wall=$(python3 -c "import time; print(round(time.time() - $ts, 1))")
   sleep 2
   kill $mon 2>/dev/null; wait $mon 2>/dev/null
-  say "[$run] snakemake rc=$rc in ${wall}s; sglang processes left: $(pgrep -fc 'sglang' || true); GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader); host used $(free -g | awk '/Mem/{print $3}') GiB"
+  say "[$run] snakemake rc=$rc in ${wall}s; sglang processes left: $(pgrep -fc 'sglang' || true); GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader); host used $(free -g | awk '/Mem/{print $3}') GiB; load $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --summary
   mkdir -p "$R/$run"
-  cp -r results/$run/summary results/$run/shards logs/$run "$R/$run/" 2>/dev/null
-  grep -hE "server (launch|ready|stopped)|summary" logs/$run/*.log 2>/dev/null | cut -c1-300
-  tail -5 "$R/snakemake_$run.log"
+  cp -r results/$run/summary results/$run/shards results/$run/servers logs/$run "$R/$run/" 2>/dev/null
+  grep -hE "server (launch|ready|stopped)|capacity|efficiency|summary" logs/$run/*.log 2>/dev/null | cut -c1-300
+  python3 benchmarks/workflow_run.py "$R/$run" 2>&1 | tail -12
+  tail -3 "$R/snakemake_$run.log"
   pack
 }
 
@@ -163,8 +170,8 @@ setup
 for phase in "$@"; do
   case $phase in
     ckpt-*) need=90 ;;
-    wf-cosmos3:*) need=260 ;;
-    wf-pi05:*) need=200 ;;
+    wf-cosmos3:*) need=${NEED:-260} ;;
+    wf-pi05:*) need=${NEED:-200} ;;
     bench-cosmos3) need=170 ;;
     bench-pi05) need=110 ;;
     probe-render:*) need=60 ;;

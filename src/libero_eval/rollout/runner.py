@@ -20,7 +20,6 @@ fails the shard with `ShardFailed`; finished episodes stay in the store for the 
 
 from __future__ import annotations
 
-import json
 import queue
 import socket
 import sys
@@ -51,6 +50,7 @@ from libero_eval.policy.errors import (
     PolicyServerUnavailable,
 )
 from libero_eval.rollout.dispatch import Dispatcher, LatencyModel
+from libero_eval.rollout.dispatch_log import DispatchLog
 from libero_eval.rollout.env_worker import (
     Command,
     EnvSettings,
@@ -171,51 +171,6 @@ class _Answer(NamedTuple):
     value: Any
     latency_s: float
     answered_at: float
-
-
-class DispatchLog:
-    """What the shard's requests and envs did, for the run's efficiency report.
-
-    Times are wall-clock (time.time()) so that the shards of one slot can be merged. Envs
-    are "stepping" from a start or a chunk until their next observation or outcome, and
-    "waiting" while their observation is queued or in flight.
-    """
-
-    def __init__(self) -> None:
-        self._offset = time.time() - time.monotonic()
-        self.started_at = time.time()
-        self.requests: list[tuple[float, float, int, bool]] = []
-        self.env_seconds = {"waiting": 0.0, "stepping": 0.0}
-        self._env_state: dict[int, tuple[str, float]] = {}
-
-    def request(self, sent_at: float, answered_at: float, observations: int, ok: bool) -> None:
-        """One request (monotonic times)."""
-        self.requests.append((sent_at + self._offset, answered_at + self._offset, observations, ok))
-
-    def env(self, worker: int, state: str | None, now: float) -> None:
-        """`worker` is now "stepping", "waiting" or idle (None), since `now` (monotonic)."""
-        previous = self._env_state.pop(worker, None)
-        if previous is not None:
-            self.env_seconds[previous[0]] += now - previous[1]
-        if state is not None:
-            self._env_state[worker] = (state, now)
-
-    def write(self, path: Path, header: dict[str, Any]) -> None:
-        """Close every env's clock and write the log as JSON (atomically)."""
-        now = time.monotonic()
-        for worker in list(self._env_state):
-            self.env(worker, None, now)
-        data = {
-            **header,
-            "started_at": self.started_at,
-            "ended_at": time.time(),
-            "requests": [list(r) for r in self.requests],
-            "env_seconds": self.env_seconds,
-        }
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(path.name + ".part")
-        partial.write_text(json.dumps(data))
-        partial.replace(path)
 
 
 class _CallPool:
