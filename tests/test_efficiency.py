@@ -5,6 +5,7 @@ import math
 
 import pandas as pd
 import pytest
+from conftest import make_record
 
 from libero_eval.efficiency import (
     Capacity,
@@ -17,6 +18,8 @@ from libero_eval.efficiency import (
     slot_efficiency,
     write_efficiency,
 )
+from libero_eval.plan import Episode
+from libero_eval.store import EpisodeStore
 
 T0 = 1_700_000_000.0
 
@@ -247,3 +250,21 @@ def test_without_capacity_the_fraction_is_reported_unknown(tmp_path):
     assert "| fraction of capacity | unknown (no capacity probe) |" in markdown.read_text()
     assert "capacity unknown" in event_log.read_text()
     assert "WARNING" not in event_log.read_text()
+
+
+def test_a_reused_shard_writes_a_dispatch_log_without_requests(tmp_path, default_config):
+    """run_shard(dispatch_log=...) on a shard whose episodes are all in the store: no server,
+    no env, a readable log with empty requests."""
+    from libero_eval.config import RunSettings
+    from libero_eval.rollout.runner import run_shard
+
+    episodes = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
+    store = EpisodeStore(tmp_path / "episodes")
+    for ep in episodes:
+        store.write(ep, make_record(suite=ep.suite, task_id=0, init_state_id=ep.init_state_id))
+    settings = RunSettings(default_config).shard_settings("shard000", 0, 1)
+    path = tmp_path / "shard000.dispatch.json"
+    run_shard(episodes, settings, store, "", tmp_path / "s.parquet", False, dispatch_log=path)
+    log = read_dispatch_log(path)
+    assert log["requests"] == [] and log["reused_episodes"] == 2 and log["episodes_run"] == 0
+    assert efficiency_table([log], {}).iloc[0]["requests"] == 0

@@ -17,6 +17,7 @@ fails the shard with `ShardFailed`; finished episodes stay in the store for the 
 
 from __future__ import annotations
 
+import json
 import queue
 import socket
 import sys
@@ -524,8 +525,11 @@ def run_shard(
     server_url: str,
     output_path: Path | str,
     progress: bool = True,
+    dispatch_log: Path | str | None = None,
 ) -> list[dict[str, Any]]:
-    """Run a shard end to end: wait for the server, run what is missing, write the Parquet."""
+    """Run a shard end to end: wait for the server, run what is missing, write the Parquet
+    (and, with `dispatch_log`, the shard's dispatch log)."""
+    started_at = time.time()
     finished = store.finished(episodes)  # one pass over the records, not one per episode
     pending = [ep for ep in episodes if ep not in finished]
     max_batch = 1
@@ -573,4 +577,33 @@ def run_shard(
         if bar is not None:
             bar.close()
     write_results(records, output_path)
+    if dispatch_log is not None:
+        counts = {"reused_episodes": len(finished), "episodes_run": len(pending)}
+        _write_dispatch_log(dispatch_log, settings, server_url, max_batch, started_at, counts)
     return records
+
+
+def _write_dispatch_log(
+    path: Path | str,
+    settings: ShardSettings,
+    server_url: str,
+    max_batch: int,
+    started_at: float,
+    counts: dict[str, int],
+) -> None:
+    """Placeholder until the dispatch rewrite records its requests: the log's format
+    (`libero_eval.efficiency`) with empty `requests` and env seconds."""
+    log = {
+        "shard": settings.shard,
+        "slot": settings.slot,
+        "server_url": server_url,
+        "envs": settings.envs_per_shard,
+        "max_batch_size": max_batch,
+        "max_inflight_requests": settings.max_inflight_requests,
+        "started_at": started_at,
+        "ended_at": time.time(),
+        "requests": [],
+        "env_seconds": {"waiting": 0.0, "stepping": 0.0},
+        **counts,
+    }
+    Path(path).write_text(json.dumps(log) + "\n")

@@ -42,6 +42,7 @@ class ShardPaths:
     serve_log: Path  # logs/<run>/serve/slot<k>.log: quoted when the server is unavailable
     event_log: Path | None = None  # logs/<run>/eval_embodiment.log
     video_dir: Path | None = None  # results/<run>/videos (with rollout.videos.enabled)
+    dispatch_log: Path | None = None  # results/<run>/shards/<shard>.dispatch.json
 
 
 @dataclass(frozen=True)
@@ -92,7 +93,9 @@ def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
                 log_path=paths.serve_log,
             )
             url = service["url"]
-        run_shard(episodes, shard_settings, store, url, paths.output)
+        run_shard(
+            episodes, shard_settings, store, url, paths.output, dispatch_log=paths.dispatch_log
+        )
     except (ShardFailed, ServiceUnavailableError, InjectedFault) as exc:
         log_event(event_log, f"rollout {shard_name}", f"FAILED: {exc}")
         print(f"{exc}\n{resume}", file=sys.stderr)
