@@ -268,3 +268,15 @@ def test_a_reused_shard_writes_a_dispatch_log_without_requests(tmp_path, default
     log = read_dispatch_log(path)
     assert log["requests"] == [] and log["reused_episodes"] == 2 and log["episodes_run"] == 0
     assert efficiency_table([log], {}).iloc[0]["requests"] == 0
+
+
+def test_the_report_page_shows_each_slot_and_its_warning(tmp_path):
+    from libero_eval.report.efficiency import write_efficiency_html
+
+    logs = [dispatch("shard000", 0, [(0, 2, 4, True)]), dispatch("shard001", 1, [(0, 1, 1, True)])]
+    efficiency_table(logs, {1: capacity(obs_per_s=4.0)}).to_csv(tmp_path / "e.csv", index=False)
+    write_efficiency_html(tmp_path / "e.csv", tmp_path / "report" / "efficiency.html")
+    page = (tmp_path / "report" / "efficiency.html").read_text()
+    assert "<td>http://127.0.0.1:30000</td>" in page and "<td>http://127.0.0.1:30001</td>" in page
+    assert "<td>unknown</td>" in page and "<td>25%</td>" in page  # slot 0 unknown, slot 1 1/4
+    assert "<h2>Warnings</h2>" in page and "slot 1 ran at 25%" in page
