@@ -17,7 +17,6 @@ fails the shard with `ShardFailed`; finished episodes stay in the store for the 
 
 from __future__ import annotations
 
-import json
 import queue
 import socket
 import sys
@@ -48,6 +47,7 @@ from libero_eval.policy.errors import (
     PolicyResponseError,
     PolicyServerUnavailable,
 )
+from libero_eval.rollout.dispatch_log import write_placeholder
 from libero_eval.rollout.env_worker import (
     Command,
     EnvSettings,
@@ -579,31 +579,5 @@ def run_shard(
     write_results(records, output_path)
     if dispatch_log is not None:
         counts = {"reused_episodes": len(finished), "episodes_run": len(pending)}
-        _write_dispatch_log(dispatch_log, settings, server_url, max_batch, started_at, counts)
+        write_placeholder(dispatch_log, settings, server_url, max_batch, started_at, counts)
     return records
-
-
-def _write_dispatch_log(
-    path: Path | str,
-    settings: ShardSettings,
-    server_url: str,
-    max_batch: int,
-    started_at: float,
-    counts: dict[str, int],
-) -> None:
-    """Placeholder until the dispatch rewrite records its requests: the log's format
-    (`libero_eval.efficiency`) with empty `requests` and env seconds."""
-    log = {
-        "shard": settings.shard,
-        "slot": settings.slot,
-        "server_url": server_url,
-        "envs": settings.envs_per_shard,
-        "max_batch_size": max_batch,
-        "max_inflight_requests": settings.max_inflight_requests,
-        "started_at": started_at,
-        "ended_at": time.time(),
-        "requests": [],
-        "env_seconds": {"waiting": 0.0, "stepping": 0.0},
-        **counts,
-    }
-    Path(path).write_text(json.dumps(log) + "\n")
