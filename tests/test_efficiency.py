@@ -12,6 +12,8 @@ from libero_eval.efficiency import (
     EfficiencyInputError,
     busy_seconds,
     diagnose,
+    efficiency_line,
+    efficiency_markdown,
     efficiency_table,
     read_capacity,
     read_dispatch_log,
@@ -103,6 +105,12 @@ def test_a_slot_whose_episodes_were_all_reused_has_no_rates():
     assert row["requests"] == 0 and row["span_s"] == 0
     assert math.isnan(row["obs_per_s"]) and math.isnan(row["capacity_fraction"])
     assert row["warning"] == ""
+    assert efficiency_line(row) == (
+        "slot 0 efficiency: no policy requests: all 2 episodes reused from the store"
+    )
+    assert "No policy requests: all 2 episodes reused" in efficiency_markdown(pd.DataFrame([row]))
+    unrecorded = efficiency_table([dispatch(requests=[])], {}).iloc[0]  # 2 run, none recorded
+    assert "no policy requests recorded for 2 episodes run" in efficiency_line(unrecorded)
     # a reused shard next to a running one adds nothing to its slot's figures
     merged = efficiency_table([reused, dispatch("shard001", 0, [(0, 1, 4, True)])], {})
     assert merged.iloc[0]["obs_per_s"] == 4.0 and merged.iloc[0]["envs"] == 4

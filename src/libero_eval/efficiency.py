@@ -57,6 +57,8 @@ COLUMNS = (
     "server_url",
     "envs",
     "max_batch_size",
+    "episodes_run",
+    "reused_episodes",
     "requests",
     "failed_requests",
     "observations",
@@ -214,6 +216,8 @@ def slot_efficiency(logs: Sequence[Mapping[str, Any]], capacity: Capacity | None
         "server_url": logs[0]["server_url"],
         "envs": sum(int(log["envs"]) for log in with_requests),
         "max_batch_size": max(int(log["max_batch_size"]) for log in with_requests),
+        "episodes_run": sum(int(log["episodes_run"]) for log in logs),
+        "reused_episodes": sum(int(log["reused_episodes"]) for log in logs),
         "requests": len(requests),
         "failed_requests": int((~requests["ok"]).sum()),
         "observations": int(requests["observations"].sum()),
@@ -320,10 +324,20 @@ def _num(value: float, form: str, unknown: str = "n/a") -> str:
     )
 
 
+def _no_requests(row: Mapping[str, Any]) -> str:
+    """Why a slot has no figures: all its episodes reused, or a log without its requests."""
+    if not row["episodes_run"]:
+        return f"no policy requests: all {row['reused_episodes']} episodes reused from the store"
+    return (
+        f"no policy requests recorded for {row['episodes_run']} episodes run (a dispatch log "
+        "without its requests)"
+    )
+
+
 def efficiency_line(row: Mapping[str, Any]) -> str:
     """The one-line event-log summary of a slot."""
     if not row["requests"]:
-        return f"slot {row['slot']} efficiency: no policy requests (every episode reused)"
+        return f"slot {row['slot']} efficiency: {_no_requests(row)}"
     capacity = (
         f"{_num(row['capacity_fraction'], '.0%')} of {row['capacity_obs_per_s']:.2f} capacity"
         if not math.isnan(row["capacity_obs_per_s"])
@@ -345,7 +359,8 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
     for row in table.to_dict("records"):
         parts.append(f"\n### Slot {row['slot']} ({row['server_url']}; {row['shards']})\n\n")
         if not row["requests"]:
-            parts.append("No policy requests: every episode was reused from the store.\n")
+            reason = _no_requests(row)
+            parts.append(f"{reason[0].upper()}{reason[1:]}.\n")
             continue
         fraction = _num(row["capacity_fraction"], ".0%", "unknown (no capacity probe)")
         figures = [
