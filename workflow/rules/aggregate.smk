@@ -2,12 +2,14 @@ rule aggregate:
     input:
         shards=get_shard_outputs,
         plan=f"results/{RUN}/plan.csv",
+        dispatch=get_dispatch_logs,
     output:
         episodes=f"results/{RUN}/summary/episodes.parquet",
         per_task=f"results/{RUN}/summary/per_task.csv",
         per_suite=f"results/{RUN}/summary/per_suite.csv",
         tables=f"results/{RUN}/summary/summary.parquet",
         markdown=f"results/{RUN}/summary/summary.md",
+        efficiency=f"results/{RUN}/summary/efficiency.csv",
     log:
         f"logs/{RUN}/aggregate.log",
     conda:
@@ -16,5 +18,6 @@ rule aggregate:
         report=config["report"],
         run_id=RUN,
         event_log=EVENT_LOG,
+        service_files=get_service_files,
     script:
         "../scripts/aggregate.py"

@@ -55,7 +55,7 @@ def get_final_output():
 def get_report_outputs():
     """Report material of this run: figures and tables, the video page if videos are on, and
     the robustness report if the plan has LIBERO-PRO perturbation suites."""
-    outputs = list(rules.report_figures.output)
+    outputs = [*rules.report_figures.output, *rules.report_efficiency.output]
     if config["rollout"]["videos"]["enabled"]:
         outputs += rules.report_videos.output
     if any(is_perturbation(e.suite) for s in SHARDS.values() for e in s.episodes):
@@ -106,6 +106,18 @@ def get_selftest_outputs():
 
 def get_shard_outputs(wildcards):
     return expand("results/{run}/shards/{shard}.parquet", run=RUN, shard=sorted(SHARDS))
+
+
+def get_dispatch_logs(wildcards):
+    """Every shard's dispatch log (the rollout rule's second output)."""
+    return expand(rules.rollout.output.dispatch, run=RUN, shard=sorted(SHARDS))
+
+
+def get_service_files(wildcards):
+    """slot -> its service file, with the server's capacity probe. Not an input (a
+    service output is never up to date): read when it is still there."""
+    template = rules.serve.output[0]
+    return {slot: expand(template, run=RUN, slot=slot)[0] for slot in SLOTS}
 
 
 def get_server_of_shard(wildcards):

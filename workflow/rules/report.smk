@@ -1,5 +1,6 @@
 localrules:
     report_figures,
+    report_efficiency,
     report_videos,
     report_robustness,
 
@@ -66,6 +67,23 @@ rule report_figures:
         repo_dir=workflow.basedir,
     script:
         "../scripts/report_figures.py"
+
+
+rule report_efficiency:
+    input:
+        efficiency=rules.aggregate.output.efficiency,
+    output:
+        html=report(
+            f"results/{RUN}/report/efficiency.html",
+            caption="../report/efficiency.rst",
+            category="Performance",
+        ),
+    log:
+        f"logs/{RUN}/report_efficiency.log",
+    conda:
+        "../envs/libero_eval.yaml"
+    script:
+        "../scripts/report_efficiency.py"
 
 
 rule report_videos:

@@ -4,6 +4,7 @@ rule rollout:
         server=get_server_of_shard,
     output:
         "results/{run}/shards/{shard}.parquet",
+        dispatch="results/{run}/shards/{shard}.dispatch.json",
     log:
         "logs/{run}/rollout/{shard}.log",
     conda:

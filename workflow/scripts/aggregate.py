@@ -1,8 +1,10 @@
-"""Aggregate shard results into per-task / per-suite / overall success tables."""
+"""Aggregate shard results into per-task / per-suite / overall success tables, and each
+slot's efficiency from the shards' dispatch logs."""
 
 import os
 
 from libero_eval.aggregate import write_summary
+from libero_eval.efficiency import write_efficiency
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 with open(snakemake.log[0], "w") as log:
@@ -18,4 +20,11 @@ with open(snakemake.log[0], "w") as log:
         published=snakemake.params.report["published"],
         published_metric=snakemake.params.report["published_metric"],
         published_alpha=snakemake.params.report["published_alpha"],
+    )
+    write_efficiency(
+        dispatch_paths=snakemake.input.dispatch,
+        service_files=snakemake.params.service_files,
+        csv_path=snakemake.output.efficiency,
+        markdown_path=snakemake.output.markdown,
+        event_log=snakemake.params.event_log,
     )

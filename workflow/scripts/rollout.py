@@ -22,6 +22,7 @@ if __name__ == "__main__":
             serve_log=Path(snakemake.params.serve_log),
             event_log=Path(snakemake.params.event_log),
             video_dir=Path(snakemake.params.video_dir),
+            dispatch_log=Path(snakemake.output.dispatch),
         )
         shard_name = snakemake.wildcards.shard
         try:  # the job composed once, above the rollout layer: render plan, settings, adapter

@@ -4,7 +4,8 @@ Everything here reads the aggregated tables (`results/<run>/summary/episodes.par
 `summary.parquet`) and writes self-contained files: PNG figures, HTML pages that embed their
 data (videos as data URIs), JSON provenance. The workflow's figure rule marks them for
 `snakemake --report`. One module per kind of output: `figures`, `tables`, `provenance`,
-`videos`, and `comparison` (two runs side by side, on top of `libero_eval.compare`).
+`videos`, `efficiency` (each slot's use of its server), and `comparison` (two runs side by
+side, on top of `libero_eval.compare`).
 """
 
 from __future__ import annotations

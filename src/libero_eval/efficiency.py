@@ -1,0 +1,421 @@
+"""How well a run used its policy servers, per server slot, from the shards' dispatch logs.
+
+Each rollout shard writes `results/<run>/shards/<shard>.dispatch.json` (the runner's dispatch
+log: one `[sent_at, answered_at, observations, ok]` entry per policy request, wall-clock
+seconds, and the env seconds spent waiting for actions or stepping). The shards of one slot
+are merged; the slot's span runs from its first request sent to its last answer. A slot's
+service file (`results/<run>/servers/slot<K>.json`) may hold the server's measured capacity
+(`"capacity"`, a probe of latency against batch size); without it the fraction of capacity
+is unknown and is reported so, never estimated.
+
+`slot_efficiency` computes the figures of one slot, `diagnose` turns them into a warning
+with its likely cause and the setting to change, and `write_efficiency` is the aggregate
+step's part: `summary/efficiency.csv`, the "Efficiency" section of `summary/summary.md` and
+one event-log line per slot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from libero_eval.eventlog import log_event
+
+# A slot below this fraction of its server's capacity gets a warning.
+LOW_FRACTION = 0.8
+# Mean latency above this many times the probes' prediction: the server is slowed down.
+SLOWDOWN = 1.5
+# Client-side duty below this: the server waits for the envs.
+LOW_DUTY = 0.8
+# Mean batch fill below this (with a high duty): batches leave the server's batch unused.
+LOW_FILL = 0.8
+
+DISPATCH_KEYS = (
+    "shard",
+    "slot",
+    "server_url",
+    "envs",
+    "max_batch_size",
+    "max_inflight_requests",
+    "started_at",
+    "ended_at",
+    "requests",
+    "env_seconds",
+    "reused_episodes",
+    "episodes_run",
+)
+COLUMNS = (
+    "slot",
+    "shards",
+    "server_url",
+    "envs",
+    "max_batch_size",
+    "episodes_run",
+    "reused_episodes",
+    "requests",
+    "failed_requests",
+    "observations",
+    "observations_ok",
+    "span_s",
+    "obs_per_s",
+    "mean_batch",
+    "batch_fill",
+    "duty",
+    "latency_mean_s",
+    "latency_p50_s",
+    "latency_p95_s",
+    "envs_waiting",
+    "envs_stepping",
+    "capacity_obs_per_s",
+    "capacity_fraction",
+    "predicted_latency_s",
+    "cause",
+    "warning",
+)
+
+
+class EfficiencyInputError(ValueError):
+    """A dispatch log or a service file's capacity that cannot be read; names the file."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A server's capacity probe (the service file's `"capacity"`)."""
+
+    max_batch_size: int
+    obs_per_s: float
+    probes: pd.DataFrame  # columns observations, requests, seconds: one row per probe
+
+    def latency_fit(self) -> tuple[float, float] | None:
+        """(fixed_s, per_observation_s) of seconds = fixed + per_item x observations, least
+        squares through the probes; None with fewer than two distinct batch sizes."""
+        n = self.probes["observations"].to_numpy(float)
+        if len(np.unique(n)) < 2:
+            return None
+        per_item, fixed = np.polyfit(n, self.probes["seconds"].to_numpy(float), 1)
+        return float(fixed), float(per_item)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Why a slot ran below capacity (`cause`: slowed_server, envs_short, batches_unfilled,
+    unexplained) and what to change (`message`)."""
+
+    cause: str
+    message: str
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def read_dispatch_log(path: Path | str) -> dict[str, Any]:
+    """One shard's dispatch log, checked: every key present, `requests` well formed."""
+    path = Path(path)
+    try:
+        log = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise EfficiencyInputError(
+            f"{path}: no dispatch log; the rollout job writes it at the end of the shard, "
+            "rerun the workflow to produce it"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise EfficiencyInputError(
+            f"{path}: not JSON ({exc}); delete it and rerun the workflow to rewrite it"
+        ) from None
+    missing = [k for k in DISPATCH_KEYS if not isinstance(log, dict) or k not in log]
+    if missing:
+        raise EfficiencyInputError(
+            f"{path}: dispatch log lacks {missing}; it was written by an older runner, "
+            "delete it and rerun the workflow to rewrite it"
+        )
+    for i, entry in enumerate(log["requests"]):
+        if not (isinstance(entry, list | tuple) and len(entry) == 4):
+            raise EfficiencyInputError(
+                f"{path}: requests[{i}] is {entry!r}, expected "
+                "[sent_at, answered_at, observations, ok]; delete it and rerun the workflow"
+            )
+        if entry[1] < entry[0]:
+            raise EfficiencyInputError(
+                f"{path}: requests[{i}] was answered before it was sent ({entry!r}); "
+                "delete it and rerun the workflow"
+            )
+    if not {"waiting", "stepping"} <= set(log["env_seconds"]):
+        raise EfficiencyInputError(
+            f"{path}: env_seconds needs 'waiting' and 'stepping', got {log['env_seconds']!r}; "
+            "delete it and rerun the workflow"
+        )
+    return log
+
+
+def read_capacity(service_file: Path | str) -> Capacity | None:
+    """The capacity probe of a slot's service file; None when the file or its `capacity`
+    is missing (older runs, a failed probe)."""
+    path = Path(service_file)
+    if not path.is_file():
+        return None
+    try:
+        capacity = json.loads(path.read_text()).get("capacity")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise EfficiencyInputError(
+            f"{path}: not a service file ({exc}); delete it, the serve job rewrites it"
+        ) from None
+    if capacity is None:
+        return None
+    try:
+        probes = pd.DataFrame(capacity["probes"], columns=["observations", "requests", "seconds"])
+        result = Capacity(int(capacity["max_batch_size"]), float(capacity["obs_per_s"]), probes)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise EfficiencyInputError(
+            f"{path}: its capacity needs max_batch_size, probes (observations, requests, "
+            f"seconds) and obs_per_s ({exc!r}); delete the file, the serve job rewrites it"
+        ) from None
+    if probes.isna().any().any() or (probes["seconds"] <= 0).any():
+        raise EfficiencyInputError(
+            f"{path}: a capacity probe lacks a field or took no time: "
+            f"{capacity['probes']!r}; delete the file, the serve job rewrites it"
+        )
+    return result
+
+
+# --------------------------------------------------------------------------- figures
+
+
+def busy_seconds(intervals: np.ndarray) -> float:
+    """Length of the union of [start, end] intervals (rows of a (n, 2) array)."""
+    if len(intervals) == 0:
+        return 0.0
+    intervals = intervals[np.argsort(intervals[:, 0])]
+    total, start, end = 0.0, intervals[0, 0], intervals[0, 1]
+    for s, e in intervals[1:]:
+        if s > end:
+            total += end - start
+            start, end = s, e
+        else:
+            end = max(end, e)
+    return float(total + end - start)
+
+
+def slot_efficiency(logs: Sequence[Mapping[str, Any]], capacity: Capacity | None) -> dict:
+    """The figures of one slot from its shards' dispatch logs (see `COLUMNS`); rates are NaN
+    without requests, and the capacity and its fraction NaN without a capacity probe."""
+    requests = pd.DataFrame(
+        [r for log in logs for r in log["requests"]],
+        columns=["sent_at", "answered_at", "observations", "ok"],
+    ).astype({"sent_at": float, "answered_at": float, "observations": int, "ok": bool})
+    with_requests = [log for log in logs if log["requests"]] or list(logs)
+    row: dict[str, Any] = {
+        "slot": int(logs[0]["slot"]),
+        "shards": " ".join(sorted(log["shard"] for log in logs)),
+        "server_url": logs[0]["server_url"],
+        "envs": sum(int(log["envs"]) for log in with_requests),
+        "max_batch_size": max(int(log["max_batch_size"]) for log in with_requests),
+        "episodes_run": sum(int(log["episodes_run"]) for log in logs),
+        "reused_episodes": sum(int(log["reused_episodes"]) for log in logs),
+        "requests": len(requests),
+        "failed_requests": int((~requests["ok"]).sum()),
+        "observations": int(requests["observations"].sum()),
+        "observations_ok": int(requests.loc[requests["ok"], "observations"].sum()),
+    }
+    latency = (requests["answered_at"] - requests["sent_at"]).to_numpy()
+    span = float(requests["answered_at"].max() - requests["sent_at"].min()) if len(requests) else 0
+    nan = math.nan
+    ok_latency = latency[requests["ok"].to_numpy()]
+    busy = busy_seconds(requests[["sent_at", "answered_at"]].to_numpy())
+    waiting = sum(float(log["env_seconds"]["waiting"]) for log in logs)
+    stepping = sum(float(log["env_seconds"]["stepping"]) for log in logs)
+    mean_batch = float(requests["observations"].mean()) if len(requests) else nan
+    row |= {
+        "span_s": span,
+        "obs_per_s": row["observations_ok"] / span if span > 0 else nan,
+        "mean_batch": mean_batch,
+        "batch_fill": mean_batch / row["max_batch_size"] if row["max_batch_size"] else nan,
+        "duty": busy / span if span > 0 else nan,
+        "latency_mean_s": float(ok_latency.mean()) if len(ok_latency) else nan,
+        "latency_p50_s": float(np.percentile(ok_latency, 50)) if len(ok_latency) else nan,
+        "latency_p95_s": float(np.percentile(ok_latency, 95)) if len(ok_latency) else nan,
+        "envs_waiting": waiting / span if span > 0 else nan,
+        "envs_stepping": stepping / span if span > 0 else nan,
+        "capacity_obs_per_s": capacity.obs_per_s if capacity else nan,
+    }
+    row["capacity_fraction"] = (
+        row["obs_per_s"] / capacity.obs_per_s if capacity and capacity.obs_per_s > 0 else nan
+    )
+    # The batch the server sees: observations in flight while any is (a request's own when
+    # one is in flight at a time; the merged or queued ones when several are).
+    in_flight = float((requests["observations"] * latency).sum()) / busy if busy > 0 else nan
+    fit = capacity.latency_fit() if capacity else None
+    row["predicted_latency_s"] = fit[0] + fit[1] * in_flight if fit and busy > 0 else nan
+    verdict = diagnose(row)
+    row["cause"] = verdict.cause if verdict else ""
+    row["warning"] = verdict.message if verdict else ""
+    return row
+
+
+def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
+    """The likely cause of a slot below `LOW_FRACTION` of its capacity, from its figures, and
+    the setting to change; None at or above it, or when the capacity is unknown.
+
+    In order, the first that holds:
+    (a) mean latency above `SLOWDOWN` x the probes' fit at the run's batch: the server is
+        slowed down, most likely by CPU contention with the envs;
+    (b) duty below `LOW_DUTY`: the server idles while the envs step, too few envs;
+    (c) batch fill below `LOW_FILL`: requests carry fewer observations than the server takes;
+    else the figures do not explain it.
+    """
+    fraction = figures["capacity_fraction"]
+    if not fraction < LOW_FRACTION:  # NaN (unknown) too
+        return None
+    head = f"slot {figures['slot']} ran at {fraction:.0%} of its server's capacity"
+    predicted, latency = figures["predicted_latency_s"], figures["latency_mean_s"]
+    if latency > SLOWDOWN * predicted:  # False when no fit (NaN)
+        return Verdict(
+            "slowed_server",
+            f"{head}: mean latency {latency:.2f} s vs {predicted:.2f} s the capacity probe "
+            "predicts at this batch size; the server is slowed, likely by CPU contention: "
+            "lower server.cpu_threads or run fewer envs per node",
+        )
+    if figures["duty"] < LOW_DUTY:
+        return Verdict(
+            "envs_short",
+            f"{head}: a request was in flight {figures['duty']:.0%} of the time, the server "
+            "waits for the envs; raise rollout.total_num_envs / rollout.envs_per_shard",
+        )
+    if figures["batch_fill"] < LOW_FILL:
+        return Verdict(
+            "batches_unfilled",
+            f"{head}: batches are {figures['batch_fill']:.0%} full; too few trials per task "
+            "for same-prompt batches, or too many requests in flight "
+            "(lower rollout.max_inflight_requests)",
+        )
+    return Verdict(
+        "unexplained",
+        f"{head}, with latency, duty ({figures['duty']:.0%}) and batch fill "
+        f"({figures['batch_fill']:.0%}) as expected; compare the capacity probe in the "
+        "slot's service file with the serve log",
+    )
+
+
+def efficiency_table(
+    logs: Sequence[Mapping[str, Any]], capacities: Mapping[int, Capacity | None]
+) -> pd.DataFrame:
+    """One row per slot (`COLUMNS`), its shards' logs merged, sorted by slot."""
+    by_slot: dict[int, list[Mapping[str, Any]]] = {}
+    for log in logs:
+        by_slot.setdefault(int(log["slot"]), []).append(log)
+    rows = [slot_efficiency(by_slot[s], capacities.get(s)) for s in sorted(by_slot)]
+    return pd.DataFrame(rows, columns=list(COLUMNS))
+
+
+# --------------------------------------------------------------------------- text
+
+
+def _num(value: float, form: str, unknown: str = "n/a") -> str:
+    return (
+        unknown
+        if value is None or (isinstance(value, float) and math.isnan(value))
+        else (format(value, form))
+    )
+
+
+def _no_requests(row: Mapping[str, Any]) -> str:
+    """Why a slot has no figures: all its episodes reused, or a log without its requests."""
+    if not row["episodes_run"]:
+        return f"no policy requests: all {row['reused_episodes']} episodes reused from the store"
+    return (
+        f"no policy requests recorded for {row['episodes_run']} episodes run (a dispatch log "
+        "without its requests)"
+    )
+
+
+def efficiency_line(row: Mapping[str, Any]) -> str:
+    """The one-line event-log summary of a slot."""
+    if not row["requests"]:
+        return f"slot {row['slot']} efficiency: {_no_requests(row)}"
+    capacity = (
+        f"{_num(row['capacity_fraction'], '.0%')} of {row['capacity_obs_per_s']:.2f} capacity"
+        if not math.isnan(row["capacity_obs_per_s"])
+        else "capacity unknown"
+    )
+    return (
+        f"slot {row['slot']} efficiency: {row['obs_per_s']:.2f} obs/s ({capacity}), "
+        f"batch fill {row['batch_fill']:.2f}, duty {row['duty']:.2f}, "
+        f"latency p50 {row['latency_p50_s']:.1f} s p95 {row['latency_p95_s']:.1f} s, "
+        f"envs waiting {row['envs_waiting']:.1f} / stepping {row['envs_stepping']:.1f}"
+    )
+
+
+def efficiency_markdown(table: pd.DataFrame) -> str:
+    """The summary's "Efficiency" section: a table per slot, then its warning if any."""
+    parts = ["\n## Efficiency\n"]
+    if table.empty:
+        parts.append("\nNo dispatch logs.\n")
+    for row in table.to_dict("records"):
+        parts.append(f"\n### Slot {row['slot']} ({row['server_url']}; {row['shards']})\n\n")
+        if not row["requests"]:
+            reason = _no_requests(row)
+            parts.append(f"{reason[0].upper()}{reason[1:]}.\n")
+            continue
+        fraction = _num(row["capacity_fraction"], ".0%", "unknown (no capacity probe)")
+        figures = [
+            ("observations/s", f"{row['obs_per_s']:.2f}"),
+            ("capacity obs/s", _num(row["capacity_obs_per_s"], ".2f", "unknown")),
+            ("fraction of capacity", fraction),
+            ("requests (failed)", f"{row['requests']} ({row['failed_requests']})"),
+            ("observations (answered ok)", f"{row['observations']} ({row['observations_ok']})"),
+            (
+                "mean batch / max (fill)",
+                f"{row['mean_batch']:.2f} / {row['max_batch_size']} ({row['batch_fill']:.2f})",
+            ),
+            ("duty (request in flight)", f"{row['duty']:.2f}"),
+            (
+                "latency mean / p50 / p95",
+                f"{_num(row['latency_mean_s'], '.2f')} / {_num(row['latency_p50_s'], '.2f')}"
+                f" / {_num(row['latency_p95_s'], '.2f')} s",
+            ),
+            ("predicted latency (probe fit)", _num(row["predicted_latency_s"], ".2f") + " s"),
+            (
+                "envs waiting / stepping (of envs)",
+                f"{row['envs_waiting']:.1f} / {row['envs_stepping']:.1f} (of {row['envs']})",
+            ),
+            ("span", f"{row['span_s']:.1f} s"),
+        ]
+        parts.append("| figure | value |\n|---|---|\n")
+        parts.extend(f"| {name} | {value} |\n" for name, value in figures)
+        if row["warning"]:
+            parts.append(f"\n**Warning:** {row['warning']}\n")
+    return "".join(parts)
+
+
+# --------------------------------------------------------------------------- aggregate step
+
+
+def write_efficiency(
+    dispatch_paths: Sequence[Path | str],
+    service_files: Mapping[int, Path | str],
+    csv_path: Path | str,
+    markdown_path: Path | str | None = None,
+    event_log: Path | str | None = None,
+) -> pd.DataFrame:
+    """Read the dispatch logs and each slot's capacity (`service_files`: slot -> its service
+    file, which may be gone), write the CSV, append the "Efficiency" section to the summary
+    Markdown and log a line per slot (plus its warning)."""
+    logs = [read_dispatch_log(p) for p in dispatch_paths]
+    slots = {int(log["slot"]) for log in logs}
+    capacities = {s: read_capacity(service_files[s]) if s in service_files else None for s in slots}
+    table = efficiency_table(logs, capacities)
+    table.to_csv(csv_path, index=False)
+    if markdown_path is not None:
+        with open(markdown_path, "a") as handle:
+            handle.write(efficiency_markdown(table))
+    for row in table.to_dict("records"):
+        log_event(event_log, "aggregate", efficiency_line(row))
+        if row["warning"]:
+            log_event(event_log, "aggregate", f"WARNING: {row['warning']}")
+    return table

@@ -1,0 +1,290 @@
+"""A run's GPU efficiency per server slot, from hand-made dispatch logs with known answers."""
+
+import json
+import math
+
+import pandas as pd
+import pytest
+from conftest import make_record
+
+from libero_eval.efficiency import (
+    Capacity,
+    EfficiencyInputError,
+    busy_seconds,
+    diagnose,
+    efficiency_line,
+    efficiency_markdown,
+    efficiency_table,
+    read_capacity,
+    read_dispatch_log,
+    slot_efficiency,
+    write_efficiency,
+)
+from libero_eval.plan import Episode
+from libero_eval.store import EpisodeStore
+
+T0 = 1_700_000_000.0
+
+
+def dispatch(shard="shard000", slot=0, requests=(), waiting=0.0, stepping=0.0, **extra) -> dict:
+    """A dispatch log as the runner writes it; `requests` as (sent, answered, obs, ok) offsets."""
+    return {
+        "shard": shard,
+        "slot": slot,
+        "server_url": f"http://127.0.0.1:{30000 + slot}",
+        "envs": 4,
+        "max_batch_size": 4,
+        "max_inflight_requests": 2,
+        "started_at": T0,
+        "ended_at": T0 + 100,
+        "requests": [[T0 + s, T0 + a, n, ok] for s, a, n, ok in requests],
+        "env_seconds": {"waiting": waiting, "stepping": stepping},
+        "reused_episodes": 0,
+        "episodes_run": 2,
+    } | extra
+
+
+def capacity(obs_per_s=4.0, probes=((1, 1, 1.0), (4, 1, 2.5))) -> Capacity:
+    frame = pd.DataFrame(probes, columns=["observations", "requests", "seconds"])
+    return Capacity(max_batch_size=4, obs_per_s=obs_per_s, probes=frame)
+
+
+def test_busy_time_is_the_union_of_overlapping_and_disjoint_intervals():
+    assert busy_seconds(pd.DataFrame([[0, 2], [1, 3], [5, 6], [5.5, 5.8]]).to_numpy()) == 4.0
+    assert busy_seconds(pd.DataFrame([[5, 6], [0, 1]]).to_numpy()) == 2.0  # any order
+    assert busy_seconds(pd.DataFrame([[0, 1], [1, 2]]).to_numpy()) == 2.0  # touching
+    assert busy_seconds(pd.DataFrame(columns=[0, 1]).to_numpy()) == 0.0
+
+
+def test_one_slot_figures_with_overlapping_requests_and_a_failure():
+    # in flight: [0, 2] and [1, 3] overlap, [6, 10] alone; busy 7 of a 10 s span
+    log = dispatch(
+        requests=[(0, 2, 4, True), (1, 3, 2, True), (6, 10, 4, False)], waiting=15, stepping=20
+    )
+    row = slot_efficiency([log], capacity(obs_per_s=4.0))
+    assert row["requests"] == 3 and row["failed_requests"] == 1
+    assert row["observations"] == 10 and row["observations_ok"] == 6
+    assert row["span_s"] == 10.0
+    assert row["obs_per_s"] == pytest.approx(0.6)  # answered ok / span
+    assert row["mean_batch"] == pytest.approx(10 / 3)
+    assert row["batch_fill"] == pytest.approx(10 / 3 / 4)
+    assert row["duty"] == pytest.approx(0.7)
+    assert row["latency_p50_s"] == 2.0 and row["latency_p95_s"] == 2.0  # ok requests only
+    assert row["latency_mean_s"] == 2.0
+    assert row["envs_waiting"] == 1.5 and row["envs_stepping"] == 2.0
+    assert row["capacity_obs_per_s"] == 4.0
+    assert row["capacity_fraction"] == pytest.approx(0.15)
+
+
+def test_latency_percentiles_interpolate():
+    log = dispatch(requests=[(i, i + 1 + i, 1, True) for i in range(5)])  # latencies 1..5
+    row = slot_efficiency([log], None)
+    assert row["latency_p50_s"] == 3.0 and row["latency_p95_s"] == pytest.approx(4.8)
+
+
+def test_shards_of_one_slot_merge_and_slots_stay_apart():
+    logs = [
+        dispatch("shard000", 0, [(0, 1, 4, True)], waiting=4, stepping=8),
+        dispatch("shard001", 0, [(3, 4, 4, True)], waiting=4, stepping=8),
+        dispatch("shard002", 1, [(0, 2, 2, True), (2, 4, 2, True)]),
+    ]
+    table = efficiency_table(logs, {0: capacity(obs_per_s=4.0)})
+    assert table["slot"].tolist() == [0, 1]
+    zero, one = table.to_dict("records")
+    assert zero["shards"] == "shard000 shard001" and zero["envs"] == 8
+    assert zero["span_s"] == 4.0 and zero["obs_per_s"] == 2.0 and zero["duty"] == 0.5
+    assert zero["envs_waiting"] == 2.0 and zero["envs_stepping"] == 4.0
+    assert zero["capacity_fraction"] == 0.5
+    assert one["obs_per_s"] == 1.0 and one["duty"] == 1.0 and one["batch_fill"] == 0.5
+    assert math.isnan(one["capacity_fraction"]) and one["warning"] == ""  # unknown, no guess
+
+
+def test_a_slot_whose_episodes_were_all_reused_has_no_rates():
+    reused = dispatch(requests=[], reused_episodes=2, episodes_run=0)
+    row = efficiency_table([reused], {0: capacity()}).iloc[0]
+    assert row["requests"] == 0 and row["span_s"] == 0
+    assert math.isnan(row["obs_per_s"]) and math.isnan(row["capacity_fraction"])
+    assert row["warning"] == ""
+    assert efficiency_line(row) == (
+        "slot 0 efficiency: no policy requests: all 2 episodes reused from the store"
+    )
+    assert "No policy requests: all 2 episodes reused" in efficiency_markdown(pd.DataFrame([row]))
+    unrecorded = efficiency_table([dispatch(requests=[])], {}).iloc[0]  # 2 run, none recorded
+    assert "no policy requests recorded for 2 episodes run" in efficiency_line(unrecorded)
+    # a reused shard next to a running one adds nothing to its slot's figures
+    merged = efficiency_table([reused, dispatch("shard001", 0, [(0, 1, 4, True)])], {})
+    assert merged.iloc[0]["obs_per_s"] == 4.0 and merged.iloc[0]["envs"] == 4
+
+
+# --------------------------------------------------------------------------- verdict
+
+
+def figures(**values) -> dict:
+    healthy = {
+        "slot": 0,
+        "capacity_fraction": 0.5,
+        "latency_mean_s": 2.0,
+        "predicted_latency_s": 2.0,
+        "duty": 0.99,
+        "batch_fill": 1.0,
+    }
+    return healthy | values
+
+
+def test_verdict_none_at_capacity_or_when_it_is_unknown():
+    assert diagnose(figures(capacity_fraction=0.8)) is None
+    assert diagnose(figures(capacity_fraction=math.nan)) is None
+
+
+def test_verdict_slowed_server_when_latency_is_well_above_the_probes():
+    verdict = diagnose(figures(latency_mean_s=3.5, duty=0.5, batch_fill=0.2))
+    assert verdict.cause == "slowed_server"
+    assert "server.cpu_threads" in verdict.message and "fewer envs per node" in verdict.message
+
+
+def test_verdict_too_few_envs_when_the_server_waits():
+    verdict = diagnose(figures(duty=0.5, predicted_latency_s=math.nan))  # no fit: skip (a)
+    assert verdict.cause == "envs_short"
+    assert "rollout.total_num_envs" in verdict.message and "envs_per_shard" in verdict.message
+
+
+def test_verdict_unfilled_batches_when_busy_but_not_full():
+    verdict = diagnose(figures(batch_fill=0.5))
+    assert verdict.cause == "batches_unfilled"
+    assert "rollout.max_inflight_requests" in verdict.message and "trials" in verdict.message
+
+
+def test_verdict_unexplained_otherwise():
+    assert diagnose(figures()).cause == "unexplained"
+
+
+def test_the_probe_fit_predicts_latency_at_the_runs_batch():
+    # probes: 1 obs 1.0 s, 4 obs 2.5 s -> 0.5 + 0.5 n; one request of 4 at a time
+    assert capacity().latency_fit() == pytest.approx((0.5, 0.5))
+    slow = dispatch(requests=[(0, 4, 4, True), (4, 8, 4, True)])  # 4 s each, 2.5 predicted
+    row = slot_efficiency([slow], capacity(obs_per_s=4.0))
+    assert row["predicted_latency_s"] == pytest.approx(2.5)
+    assert row["cause"] == "slowed_server" and "at 25% of" in row["warning"]  # 1 obs/s of 4
+    single = Capacity(
+        4, 4.0, pd.DataFrame([[4, 1, 2.0]], columns=["observations", "requests", "seconds"])
+    )
+    assert single.latency_fit() is None
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_bad_dispatch_logs_name_the_file_and_the_fix(tmp_path):
+    path = tmp_path / "shard000.dispatch.json"
+    log = dispatch()
+    del log["env_seconds"]
+    path.write_text(json.dumps(log))
+    with pytest.raises(EfficiencyInputError, match=r"shard000.dispatch.json.*env_seconds.*rerun"):
+        read_dispatch_log(path)
+    path.write_text(json.dumps(dispatch() | {"requests": [[T0, T0 + 1, 2]]}))
+    with pytest.raises(EfficiencyInputError, match=r"requests\[0\]"):
+        read_dispatch_log(path)
+    path.write_text("{")
+    with pytest.raises(EfficiencyInputError, match="not JSON"):
+        read_dispatch_log(path)
+    with pytest.raises(EfficiencyInputError, match="no dispatch log"):
+        read_dispatch_log(tmp_path / "missing.json")
+
+
+def test_capacity_is_read_from_the_service_file_or_unknown(tmp_path):
+    service = tmp_path / "slot0.json"
+    assert read_capacity(service) is None  # no file
+    service.write_text(json.dumps({"url": "http://x", "status": "stopped"}))
+    assert read_capacity(service) is None  # no probe
+    probe = {"max_batch_size": 8, "probes": [{"observations": 1, "requests": 1, "seconds": 0.84}]}
+    service.write_text(json.dumps({"capacity": probe}))
+    with pytest.raises(EfficiencyInputError, match="slot0.json.*obs_per_s"):
+        read_capacity(service)
+    service.write_text(json.dumps({"capacity": probe | {"obs_per_s": 3.7}}))
+    read = read_capacity(service)
+    assert read.obs_per_s == 3.7 and read.probes["seconds"].tolist() == [0.84]
+
+
+def test_the_aggregate_step_writes_the_csv_the_markdown_section_and_log_lines(tmp_path):
+    shards, servers = tmp_path / "shards", tmp_path / "servers"
+    shards.mkdir()
+    servers.mkdir()
+    logs = {
+        "shard000": dispatch("shard000", 0, [(0, 2, 4, True), (2, 4, 4, True)], 8, 8),
+        "shard001": dispatch("shard001", 1, [(0, 2, 4, True), (6, 8, 4, True)], 8, 8),
+    }
+    for name, log in logs.items():
+        (shards / f"{name}.dispatch.json").write_text(json.dumps(log))
+    probe = {"observations": 4, "requests": 1, "seconds": 2.0}
+    (servers / "slot0.json").write_text(
+        json.dumps({"capacity": {"max_batch_size": 4, "probes": [probe], "obs_per_s": 2.0}})
+    )
+    (servers / "slot1.json").write_text(
+        json.dumps({"capacity": {"max_batch_size": 4, "probes": [probe], "obs_per_s": 2.0}})
+    )
+    markdown = tmp_path / "summary.md"
+    markdown.write_text("# LIBERO evaluation `r`\n")
+    event_log = tmp_path / "eval_embodiment.log"
+    table = write_efficiency(
+        sorted(shards.glob("*.dispatch.json")),
+        {0: servers / "slot0.json", 1: servers / "slot1.json", 2: servers / "slot2.json"},
+        tmp_path / "efficiency.csv",
+        markdown,
+        event_log,
+    )
+    csv = pd.read_csv(tmp_path / "efficiency.csv")
+    assert csv["slot"].tolist() == [0, 1] and csv["obs_per_s"].tolist() == [2.0, 1.0]
+    assert csv["capacity_fraction"].tolist() == [1.0, 0.5]
+    assert csv["cause"].fillna("").tolist() == ["", "envs_short"]
+    assert table["duty"].tolist() == [1.0, 0.5]
+    text = markdown.read_text()
+    assert text.startswith("# LIBERO evaluation `r`\n")  # appended, the summary kept
+    assert "## Efficiency" in text and "### Slot 0" in text and "### Slot 1" in text
+    assert "| fraction of capacity | 100% |" in text and "**Warning:** slot 1" in text
+    lines = event_log.read_text().splitlines()
+    assert "[aggregate] slot 0 efficiency: 2.00 obs/s (100% of 2.00 capacity)" in lines[0]
+    assert "batch fill 1.00, duty 1.00, latency p50 2.0 s p95 2.0 s" in lines[0]
+    assert "envs waiting 2.0 / stepping 2.0" in lines[0]
+    assert "slot 1 efficiency: 1.00 obs/s (50% of 2.00 capacity)" in lines[1]
+    assert "WARNING: slot 1 ran at 50%" in lines[2] and "rollout.total_num_envs" in lines[2]
+    assert len(lines) == 3
+
+
+def test_without_capacity_the_fraction_is_reported_unknown(tmp_path):
+    path = tmp_path / "shard000.dispatch.json"
+    path.write_text(json.dumps(dispatch(requests=[(0, 1, 1, True)])))
+    markdown, event_log = tmp_path / "summary.md", tmp_path / "events.log"
+    write_efficiency([path], {}, tmp_path / "e.csv", markdown, event_log)
+    assert "| fraction of capacity | unknown (no capacity probe) |" in markdown.read_text()
+    assert "capacity unknown" in event_log.read_text()
+    assert "WARNING" not in event_log.read_text()
+
+
+def test_a_reused_shard_writes_a_dispatch_log_without_requests(tmp_path, default_config):
+    """run_shard(dispatch_log=...) on a shard whose episodes are all in the store: no server,
+    no env, a readable log with empty requests."""
+    from libero_eval.config import RunSettings
+    from libero_eval.rollout.runner import run_shard
+
+    episodes = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
+    store = EpisodeStore(tmp_path / "episodes")
+    for ep in episodes:
+        store.write(ep, make_record(suite=ep.suite, task_id=0, init_state_id=ep.init_state_id))
+    settings = RunSettings(default_config).shard_settings("shard000", 0, 1)
+    path = tmp_path / "shard000.dispatch.json"
+    run_shard(episodes, settings, store, "", tmp_path / "s.parquet", False, dispatch_log=path)
+    log = read_dispatch_log(path)
+    assert log["requests"] == [] and log["reused_episodes"] == 2 and log["episodes_run"] == 0
+    assert efficiency_table([log], {}).iloc[0]["requests"] == 0
+
+
+def test_the_report_page_shows_each_slot_and_its_warning(tmp_path):
+    from libero_eval.report.efficiency import write_efficiency_html
+
+    logs = [dispatch("shard000", 0, [(0, 2, 4, True)]), dispatch("shard001", 1, [(0, 1, 1, True)])]
+    efficiency_table(logs, {1: capacity(obs_per_s=4.0)}).to_csv(tmp_path / "e.csv", index=False)
+    write_efficiency_html(tmp_path / "e.csv", tmp_path / "report" / "efficiency.html")
+    page = (tmp_path / "report" / "efficiency.html").read_text()
+    assert "<td>http://127.0.0.1:30000</td>" in page and "<td>http://127.0.0.1:30001</td>" in page
+    assert "<td>unknown</td>" in page and "<td>25%</td>" in page  # slot 0 unknown, slot 1 1/4
+    assert "<h2>Warnings</h2>" in page and "slot 1 ran at 25%" in page
