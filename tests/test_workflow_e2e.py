@@ -13,6 +13,8 @@ import psutil
 import pytest
 import yaml
 
+from libero_eval.service import capacity_of
+
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
 
@@ -121,6 +123,7 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do(short_run):
     log = (REPO / "logs" / run_id / "eval_embodiment.log").read_text()
     order = [
         log.index("server launch"),
+        log.index("[serve slot=0] capacity: batch 1 in"),  # measured before it is ready
         log.index("server ready"),
         log.index("rank shard000 -> http://127.0.0.1:"),
         log.index("[libero eval] task_id="),
@@ -128,6 +131,10 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do(short_run):
     ]
     assert order == sorted(order)
     assert len(re.findall(r"\[libero eval\] task_id=\d, trial_id=\d, success=False", log)) == 4
+    # The server's own capacity stays in its service file after it stopped.
+    capacity = capacity_of(results / "servers" / "slot0.json")
+    assert capacity is not None and capacity["max_batch_size"] == 8, capacity
+    assert [p["observations"] for p in capacity["probes"]] == [1, 8]
 
     # The server and env workers were torn down with the run: none of them is left.
     assert len(first.descendants) >= 4  # launcher, server, shard, 2 env workers

@@ -22,6 +22,7 @@ from libero_eval import settings_schema
 from libero_eval import suites as suite_catalog
 from libero_eval.plan import Episode, Shard, make_shards, plan_episodes, read_shard
 from libero_eval.policy.adapters import ADAPTERS, PolicyAdapter, make_adapter
+from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.policy.connection import policy_connection_spec
 from libero_eval.published import check_published_config
 from libero_eval.rollout.env_worker import EnvSettings
@@ -439,6 +440,26 @@ class RunSettings:
     def server(self, slot: int) -> ServerSettings:
         """Slot `slot`'s server settings, for `libero_eval.serve.job`."""
         return server_settings(self.config, slot)
+
+    @cached_property
+    def capacity_probe(self) -> CapacityProbe:
+        """How a serve job measures its server at start (`libero_eval.policy.capacity`): the
+        family's adapter settings and endpoint, and how many one-observation requests the
+        server merges into a batch (SGLang's --batching-max-size, the reference server's
+        max_batch_size; openpi's server computes one at a time)."""
+        server = self.config["server"]
+        merged = {
+            "reference": server["reference"]["max_batch_size"],
+            "sglang": server["sglang"]["batching_max_size"],
+        }.get(server["backend"], 1)
+        return CapacityProbe(
+            family=self.config["policy"]["family"],
+            policy=self.policy,
+            merged_batch_size=merged,
+            camera_size=self.config["rollout"]["camera_size"],
+            privileged_state=self.config["rollout"]["send_privileged_state"],
+            timeout_s=self.config["policy"]["http_timeout_s"],
+        )
 
     def render_plan(self, slot: int) -> RenderPlan:
         """Where slot `slot`'s env workers render (`rollout.render_device`), as env variables."""

@@ -155,3 +155,12 @@ def wait_for_service(
                     f"({last_state}){see_log}"
                 )
             time.sleep(min(poll_s, remaining))
+
+
+def capacity_of(service_file: str | os.PathLike[str]) -> dict[str, Any] | None:
+    """The server's own capacity, as the serve job measured it at start
+    (`libero_eval.policy.capacity`): ``{"max_batch_size", "probes", "obs_per_s"}``; None when
+    the file or the entry is missing (the probe failed or was not run)."""
+    info = read_service_file(service_file)
+    capacity = info.get("capacity") if info else None
+    return capacity if isinstance(capacity, dict) else None

@@ -1,3 +1,4 @@
+import json
 import sys
 from pathlib import Path
 
@@ -144,6 +145,11 @@ def get_serve_log_of_shard(wildcards):
 
 def get_server_settings(wildcards):
     return SETTINGS.server(int(wildcards.slot)).to_json()
+
+
+def get_capacity_probe(wildcards):
+    """How the serve job measures its server's capacity (libero_eval.policy.capacity)."""
+    return json.dumps(SETTINGS.capacity_probe.to_dict(), sort_keys=True)
 
 
 def get_envs_per_shard(wildcards=None):

@@ -15,8 +15,10 @@ rule serve:
         runtime=get_slot_runtime,
     params:
         settings=get_server_settings,
+        capacity_probe=get_capacity_probe,
         event_log=EVENT_LOG,
         python=PYTHON,
     shell:
         "exec {params.python} -m libero_eval.serve.job --settings {params.settings:q}"
-        " --service-file {output} --event-log {params.event_log} > {log} 2>&1"
+        " --capacity-probe {params.capacity_probe:q} --service-file {output}"
+        " --event-log {params.event_log} > {log} 2>&1"

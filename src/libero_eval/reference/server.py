@@ -30,7 +30,6 @@ msgpack answers numpy arrays.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import socket
@@ -56,6 +55,7 @@ from libero_eval.policy.actions import (
 )
 from libero_eval.reference import pi05
 from libero_eval.reference import settings as reference_settings
+from libero_eval.reference.batching import BatchSlot
 from libero_eval.reference.policies import (
     ServerPolicy,
     make_server_policy,
@@ -83,7 +83,7 @@ class PolicyOutputError(RuntimeError):
 
 
 class ReferenceServer:
-    """Policy, stats and the one-at-a-time execution with its latency model and counters."""
+    """Policy, stats, the one-batch-at-a-time slot with its latency model, and counters."""
 
     def __init__(self, settings: ReferenceServerSettings) -> None:
         self.settings = settings
@@ -98,12 +98,11 @@ class ReferenceServer:
         self.policy: ServerPolicy | None = None
         self.load_error: str | None = None
         self.started = time.monotonic()
-        self.requests = 0
-        self.items = 0
         self.rejected = 0
-        self.busy_s = 0.0
-        self.queue_wait_s = 0.0
-        self._lock = asyncio.Lock()
+        # the GPU it stands in for: one batch at a time, with the latency model (batching.py)
+        self.slot = BatchSlot(
+            settings.latency_fixed_s, settings.latency_per_item_s, settings.max_batch_size
+        )
 
     @property
     def ready(self) -> bool:
@@ -121,7 +120,7 @@ class ReferenceServer:
         logger.info("server policy %r ready", self.settings.policy)
 
     def latency_s(self, batch_size: int) -> float:
-        return self.settings.latency_fixed_s + self.settings.latency_per_item_s * batch_size
+        return self.slot.latency_s(batch_size)
 
     def compute_actions(self, request: GenerationRequest) -> np.ndarray:
         """Normalized model actions ``float32[B, H, padded_action_dim]`` for the request."""
@@ -147,37 +146,17 @@ class ReferenceServer:
             actions[index, :, :MODEL_ACTION_DIM] = libero_to_model_chunk(chunk, self.stats)
         return actions
 
-    async def _serialized(self, compute, batch_size: int) -> tuple[np.ndarray, float, float]:
-        """Run `compute()` serialized with all other requests, taking at least the modelled
-        latency of `batch_size` items; counts it. Returns (actions, latency, queued) seconds."""
-        arrived = time.perf_counter()
-        async with self._lock:
-            started = time.perf_counter()
-            try:
-                actions = await asyncio.to_thread(compute)
-                remaining = self.latency_s(batch_size) - (time.perf_counter() - started)
-                if remaining > 0:
-                    await asyncio.sleep(remaining)
-            finally:
-                finished = time.perf_counter()
-                self.busy_s += finished - started
-                self.queue_wait_s += started - arrived
-        self.requests += 1
-        self.items += batch_size
-        return actions, finished - started, started - arrived
-
     async def generate(self, request: GenerationRequest) -> dict[str, Any]:
-        """Run one request, serialized with all others, taking at least the modelled latency;
-        returns the SGLang pipeline output dict."""
-        actions, latency, queued = await self._serialized(
-            lambda: self.compute_actions(request), request.batch_size
-        )
+        """Run one request as a batch of its own, after those queued before it, taking at least
+        the modelled latency; returns the SGLang pipeline output dict."""
+        timed = await self.slot.run(lambda: self.compute_actions(request), request.batch_size)
+        actions = timed.value
         logger.info(
             "generation request_id=%s batch=%d latency=%.3fs queued=%.3fs",
             request.request_id,
             request.batch_size,
-            latency,
-            queued,
+            timed.latency_s,
+            timed.queued_s,
         )
         return {
             "request_id": request.request_id,
@@ -214,19 +193,27 @@ class ReferenceServer:
     async def generate_pi05(
         self, request: pi05.Pi05Request, model_space: bool = True
     ) -> dict[str, Any]:
-        """One π0.5 request, serialized like :meth:`generate`; SGLang's π0.5 output dict."""
-        actions, _latency, _queued = await self._serialized(
-            lambda: self.compute_pi05_actions(request, model_space), 1
+        """One π0.5 request (one observation), merged with the requests waiting into one
+        batch of at most ``max_batch_size`` as SGLang's dynamic batching does
+        (:meth:`BatchSlot.run_merged`); SGLang's π0.5 output dict."""
+        timed = await self.slot.run_merged(lambda: self.compute_pi05_actions(request, model_space))
+        logger.info(
+            "generation request_id=%s batch=%d latency=%.3fs queued=%.3fs",
+            request.request_id,
+            timed.batch_size,
+            timed.latency_s,
+            timed.queued_s,
         )
-        return pi05.output(request, actions)
+        return pi05.output(request, timed.value)
 
     def counters(self) -> dict[str, Any]:
         return {
-            "requests": self.requests,
-            "items": self.items,
+            "batches": self.slot.batches,
+            "requests": self.slot.requests,
+            "items": self.slot.items,
             "rejected": self.rejected,
-            "busy_s": self.busy_s,
-            "queue_wait_s": self.queue_wait_s,
+            "busy_s": self.slot.busy_s,
+            "queue_wait_s": self.slot.queue_wait_s,
             "uptime_s": time.monotonic() - self.started,
             "policy": self.settings.policy,
             "max_batch_size": self.settings.max_batch_size,

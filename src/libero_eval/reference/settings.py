@@ -82,12 +82,12 @@ class ReferenceServerSettings:
     normalization: str = _setting(
         "quantile_rot", "quantile_rot (stats block global_raw) or quantile (global)"
     )
-    max_batch_size: int = _setting(8, "like --batching-max-size")
+    max_batch_size: int = _setting(8, "largest batch computed at once, like --batching-max-size")
     padded_action_dim: int = _setting(
         MODEL_ACTION_DIM, f"channels per action row, zero-padded beyond {MODEL_ACTION_DIM}"
     )
-    latency_fixed_s: float = _setting(0.0, "per-request latency")
-    latency_per_item_s: float = _setting(0.0, "per-image latency")
+    latency_fixed_s: float = _setting(0.0, "latency model: fixed seconds per batch")
+    latency_per_item_s: float = _setting(0.0, "latency model: seconds per observation")
     model_name: str = _setting("reference-hold", "reported model name")
     # or "pi05": SGLang's π0.5 API (reference/pi05.py)
     family: str = _setting("cosmos3", "model family whose SGLang API to serve (default cosmos3)")

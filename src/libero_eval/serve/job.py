@@ -8,6 +8,12 @@ written atomically: status "starting" (with url, pid, pgid) once the server is s
 "ready" once GET /health answers 200, "failed" (with an error) or "stopped" at the end.
 Consumers wait for it with `libero_eval.service.wait_for_service`.
 
+With ``--capacity-probe '<json>'`` (`libero_eval.policy.capacity.CapacityProbe`, built above
+this layer by `libero_eval.config.RunSettings.capacity_probe`) the job measures the healthy
+server's own capacity before it announces it ready, and keeps the result in the service file
+under "capacity" (through every later status) and as one line of the event log. A probe that
+fails is a warning; the entry is then left out and the server still serves.
+
 Stops on SIGTERM (Snakemake, once every consumer finished), SIGINT, SIGHUP, or the death of
 the parent process; then the server's whole process tree is torn down and the exit code is 0.
 A server that fails to start or dies while serving gives exit code 1; bad settings give 2.
@@ -23,7 +29,7 @@ import shlex
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -31,6 +37,7 @@ from typing import Any
 import yaml
 
 from libero_eval.eventlog import log_event
+from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.serve.command import build_command, resolve_port
 from libero_eval.serve.launcher import LaunchAborted, ManagedServer, ServerStartError
 from libero_eval.serve.settings import ServerSettings, ServerSettingsError
@@ -40,6 +47,9 @@ EXIT_STOPPED = 0
 EXIT_SERVER_FAILED = 1
 EXIT_BAD_SETTINGS = 2
 TRACK_DESCENDANTS_EVERY_S = 5.0
+
+#: a server's URL -> its capacity entry (`libero_eval.policy.capacity`)
+Probe = Callable[[str], dict[str, Any]]
 
 
 class StopRequest:
@@ -99,7 +109,32 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     source.add_argument("--settings-file", help="server settings as a JSON or YAML file")
     parser.add_argument("--service-file", required=True, help="where to publish url/pid/status")
     parser.add_argument("--event-log", help="milestone log to append to (eval_embodiment.log)")
+    parser.add_argument(
+        "--capacity-probe",
+        help="measure the server's capacity once healthy: a CapacityProbe as a JSON object",
+    )
     return parser.parse_args(argv)
+
+
+def load_probe(text: str | None) -> Probe | None:
+    """The probe from --capacity-probe (None without it); ServerSettingsError when malformed."""
+    if text is None:
+        return None
+    try:
+        return CapacityProbe.from_dict(json.loads(text))
+    except (json.JSONDecodeError, TypeError, ValueError) as exc:
+        raise ServerSettingsError(f"--capacity-probe: {exc}") from exc
+
+
+def describe_capacity(capacity: dict[str, Any]) -> str:
+    """The event log's line: ``capacity: batch 1 in 0.84 s, batch 8 in 2.16 s: 3.70 obs/s``."""
+    probes = ", ".join(
+        f"batch {p['observations']}"
+        + (f" ({p['requests']} requests)" if p["requests"] > 1 else "")
+        + f" in {p['seconds']:.2f} s"
+        for p in capacity["probes"]
+    )
+    return f"capacity: {probes}: {capacity['obs_per_s']:.2f} obs/s"
 
 
 def load_settings(args: argparse.Namespace) -> ServerSettings:
@@ -139,8 +174,15 @@ def _install_signal_handlers(stop: StopRequest, watch: ParentWatch) -> None:
 class _Slot:
     """The state of one launch: settings, server, service file and event log."""
 
-    def __init__(self, settings: ServerSettings, service_file: Path, events: EventLog):
+    def __init__(
+        self,
+        settings: ServerSettings,
+        service_file: Path,
+        events: EventLog,
+        probe: Probe | None = None,
+    ):
         self.settings = settings
+        self.probe = probe
         self.server = ManagedServer(settings)
         self.service_file = service_file
         self.events = events
@@ -166,6 +208,22 @@ class _Slot:
         self.publish("failed", error=headline, stopped_at=_now_iso())
         self.events.write(f"server failed: {headline}")
         return EXIT_SERVER_FAILED
+
+    def measure(self) -> None:
+        """Run the capacity probe against the healthy server; on success the entry joins the
+        service file's content (published with "ready"), on failure a warning only."""
+        if self.probe is None:
+            return
+        started = time.monotonic()
+        try:
+            capacity = self.probe(self.server.url)
+        except Exception as exc:  # noqa: BLE001 - a probe never fails the server
+            message = f"capacity probe failed after {time.monotonic() - started:.1f} s: {exc!r}"
+            _say(f"warning: {message}", error=True)
+            self.events.write(f"warning: {message}")
+            return
+        self.info["capacity"] = capacity
+        self.events.write(describe_capacity(capacity))
 
     def stopped(self, reason: str) -> int:
         _say(f"stopping: {reason}")
@@ -195,8 +253,12 @@ class _Slot:
             return self.stopped(stop.reason or "stop requested")
         except ServerStartError as exc:
             return self.fail(str(exc), f"{str(exc).splitlines()[0]} (see {server.log_path})")
-        self.publish("ready", ready_at=_now_iso(), startup_s=round(startup_s, 1))
+        self.measure()  # before "ready": no consumer's request shares the server with it yet
+        if stop.is_set():
+            return self.stopped(stop.reason or "stop requested")
+        # the event line first: whoever sees "ready" in the service file finds it in the log
         self.events.write(f"server ready: {server.url} ({startup_s:.1f} s)")
+        self.publish("ready", ready_at=_now_iso(), startup_s=round(startup_s, 1))
         _say(f"slot {settings.slot}: ready at {server.url} after {startup_s:.1f} s")
         last_tracked = time.monotonic()
         while not stop.wait(min(1.0, settings.health_poll_s)):
@@ -213,11 +275,13 @@ class _Slot:
         return self.stopped(stop.reason or "stop requested")
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Launch one server slot; returns the process exit code."""
+def main(argv: Sequence[str] | None = None, probe: Probe | None = None) -> int:
+    """Launch one server slot; returns the process exit code. ``probe`` (else the one
+    --capacity-probe describes) measures the server once it is healthy."""
     args = _parse_args(argv)
     try:
         settings = load_settings(args)
+        probe = probe or load_probe(args.capacity_probe)
     except ServerSettingsError as exc:
         _say(str(exc), error=True)
         return EXIT_BAD_SETTINGS
@@ -231,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     service_file = Path(args.service_file)
     with contextlib.suppress(FileNotFoundError):
         service_file.unlink()  # never let consumers see a previous run's file
-    slot = _Slot(resolve_port(settings), service_file, events)
+    slot = _Slot(resolve_port(settings), service_file, events, probe)
     try:
         return slot.run(stop)
     finally:

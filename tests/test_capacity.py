@@ -1,0 +1,205 @@
+"""A server's own capacity, measured at its start (`libero_eval.policy.capacity`): against the
+real reference server with its latency model on (the measured seconds are never below the
+model's; no upper bounds on time), and through a serve job's whole life into its service file."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from libero_eval.config import RunSettings
+from libero_eval.policy.capacity import CapacityProbe, measure_capacity, synthetic_observation
+from libero_eval.reference.server import serve_in_thread
+from libero_eval.reference.settings import ReferenceServerSettings
+from libero_eval.service import capacity_of, read_service_file
+
+REPO = Path(__file__).resolve().parents[1]
+COSMOS3_STATS = REPO / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+PI05_STATS = REPO / "config" / "stats" / "pi05_libero_norm_stats.json"
+FIXED, PER_ITEM = 0.05, 0.02
+
+
+def latency(n: int) -> float:
+    return FIXED + PER_ITEM * n
+
+
+def run_settings(config: dict, family: str = "cosmos3", max_batch: int = 4) -> RunSettings:
+    config = copy.deepcopy(config)
+    config["policy"]["family"] = family
+    config["server"]["reference"].update(
+        max_batch_size=max_batch, latency_fixed_s=FIXED, latency_per_item_s=PER_ITEM
+    )
+    return RunSettings(config)
+
+
+def check_entry(capacity: dict[str, Any], max_batch: int, requests_at_max: int) -> None:
+    assert capacity["max_batch_size"] == max_batch
+    one, full = capacity["probes"]
+    assert (one["observations"], one["requests"]) == (1, 1)
+    assert (full["observations"], full["requests"]) == (max_batch, requests_at_max)
+    assert one["seconds"] >= latency(1) and full["seconds"] >= latency(max_batch)
+    best = max(p["observations"] / p["seconds"] for p in capacity["probes"])
+    assert capacity["obs_per_s"] == pytest.approx(best, abs=0.01)
+
+
+def test_the_probe_measures_a_cosmos3_servers_batch_1_and_its_largest_batch(default_config):
+    run = run_settings(default_config)
+    server = ReferenceServerSettings(
+        action_stats_path=COSMOS3_STATS,
+        policy="scripted",  # needs privileged state: the probe sends a scene with nothing to do
+        max_batch_size=4,
+        latency_fixed_s=FIXED,
+        latency_per_item_s=PER_ITEM,
+    )
+    assert run.capacity_probe.privileged_state and run.capacity_probe.merged_batch_size == 4
+    with serve_in_thread(server) as url:
+        check_entry(run.capacity_probe(url), max_batch=4, requests_at_max=1)
+
+
+def test_the_probe_sends_one_observation_requests_at_once_to_a_pi05_server(default_config):
+    run = run_settings(default_config, family="pi05", max_batch=3)
+    probe = dataclasses.replace(run.capacity_probe, privileged_state=False)
+    server = ReferenceServerSettings(
+        action_stats_path=COSMOS3_STATS,
+        policy="hold",
+        family="pi05",
+        norm_stats_path=PI05_STATS,
+        max_batch_size=3,
+        latency_fixed_s=FIXED,
+        latency_per_item_s=PER_ITEM,
+    )
+    with serve_in_thread(server) as url:
+        check_entry(probe(url), max_batch=3, requests_at_max=3)
+
+
+class FakeConnection:
+    def __init__(self, log: list[str], per_request: int) -> None:
+        self.log, self.per_request = log, per_request
+
+    def max_batch_size(self) -> int:
+        return self.per_request
+
+    def infer(self, payload: dict[str, Any]) -> dict[str, Any]:
+        self.log.append(payload["request_id"])
+        return payload
+
+    def close(self) -> None:
+        self.log.append("close")
+
+
+class EchoAdapter:
+    def build_request(self, observations, request_id):
+        return {"request_id": request_id, "n": len(observations)}
+
+    def parse_response(self, response, batch_size):
+        assert response["n"] == batch_size
+
+
+def test_one_warmup_then_two_timed_calls_at_each_size_and_the_mean_is_kept():
+    log: list[str] = []
+    ticks = iter([0.0, 1.0, 1.0, 2.0, 10.0, 12.0, 12.0, 16.0])
+    capacity = measure_capacity(
+        lambda: FakeConnection(log, per_request=8),
+        EchoAdapter(),
+        synthetic_observation(16),
+        clock=lambda: next(ticks),
+    )
+    assert capacity == {
+        "max_batch_size": 8,
+        "probes": [
+            {"observations": 1, "requests": 1, "seconds": 1.0},
+            {"observations": 8, "requests": 1, "seconds": 3.0},
+        ],
+        "obs_per_s": 2.67,
+    }
+    assert log == [
+        *("capacity-b1-warmup0", "capacity-b1-0", "capacity-b1-1"),
+        *("capacity-b8-warmup0", "capacity-b8-0", "capacity-b8-1", "close"),
+    ]
+
+
+def serve_command(tmp_path: Path, probe: dict[str, Any]) -> list[str]:
+    settings = {
+        "backend": "reference",
+        "slot": 0,
+        "reference": {
+            "policy": "hold",
+            "action_stats_path": str(COSMOS3_STATS),
+            "max_batch_size": 4,
+            "latency_fixed_s": FIXED,
+            "latency_per_item_s": PER_ITEM,
+        },
+    }
+    return [
+        sys.executable,
+        *("-m", "libero_eval.serve.job", "--settings", json.dumps(settings)),
+        *("--capacity-probe", json.dumps(probe)),
+        *("--service-file", str(tmp_path / "slot0.json")),
+        *("--event-log", str(tmp_path / "eval_embodiment.log")),
+    ]
+
+
+def serve_until_ready_then_stop(tmp_path: Path, probe: dict[str, Any]) -> dict[str, Any]:
+    """Run a serve job's whole life; its service file's content once ready."""
+    service_file = tmp_path / "slot0.json"
+    with open(tmp_path / "serve.log", "wb") as log:
+        job = subprocess.Popen(serve_command(tmp_path, probe), stdout=log, stderr=log)
+    try:
+        deadline = time.monotonic() + 60
+        while (info := read_service_file(service_file)) is None or info["status"] != "ready":
+            assert job.poll() is None and time.monotonic() < deadline, (
+                tmp_path / "serve.log"
+            ).read_text()
+            time.sleep(0.05)
+        job.send_signal(signal.SIGTERM)
+        assert job.wait(timeout=30) == 0
+    finally:
+        job.kill()
+        job.wait()
+    return info
+
+
+def test_the_serve_job_keeps_the_capacity_in_the_service_file_to_the_end(tmp_path, default_config):
+    probe = dataclasses.replace(run_settings(default_config).capacity_probe, privileged_state=False)
+    ready = serve_until_ready_then_stop(tmp_path, probe.to_dict())
+    check_entry(ready["capacity"], max_batch=4, requests_at_max=1)
+    stopped = json.loads((tmp_path / "slot0.json").read_text())
+    assert stopped["status"] == "stopped"
+    assert capacity_of(tmp_path / "slot0.json") == ready["capacity"]
+    lines = (tmp_path / "eval_embodiment.log").read_text().splitlines()
+    line = next(x for x in lines if "capacity:" in x)
+    assert re.search(
+        r"\[serve slot=0\] capacity: batch 1 in \d+\.\d\d s, batch 4 in \d+\.\d\d s: "
+        r"\d+\.\d\d obs/s$",
+        line,
+    )
+    assert lines.index(line) < next(i for i, x in enumerate(lines) if "server ready" in x)
+
+
+def test_a_failing_probe_leaves_the_capacity_out_and_the_server_serves(tmp_path, default_config):
+    probe = run_settings(default_config).capacity_probe.to_dict()
+    probe["policy"] = {**probe["policy"], "action_stats_path": str(tmp_path / "missing.json")}
+    ready = serve_until_ready_then_stop(tmp_path, probe)
+    assert "capacity" not in ready and capacity_of(tmp_path / "slot0.json") is None
+    log = (tmp_path / "eval_embodiment.log").read_text()
+    assert "warning: capacity probe failed" in log and "server stopped" in log
+
+
+def test_a_malformed_probe_is_refused_like_bad_settings(tmp_path):
+    job = subprocess.run(serve_command(tmp_path, {"family": "cosmos3"}), capture_output=True)
+    assert job.returncode == 2 and b"--capacity-probe" in job.stderr
+
+
+def test_the_probe_crosses_to_the_serve_job_as_json_unchanged(default_config):
+    probe = RunSettings(default_config).capacity_probe
+    assert CapacityProbe.from_dict(json.loads(json.dumps(probe.to_dict()))) == probe
