@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from libero_eval.plan import Episode
+from libero_eval.plan import Episode, episodes_from_table
 from libero_eval.store import EpisodeStore
 
 
@@ -66,7 +66,7 @@ def _planned_episodes(run_dir: Path) -> list[Episode]:
     missing = {"suite", "task_id", "init_state_id"} - set(plan.columns)
     if missing:
         raise ValueError(f"{plan_path}: missing columns {sorted(missing)}; rerun the plan step")
-    return [Episode(str(r.suite), int(r.task_id), int(r.init_state_id)) for r in plan.itertuples()]
+    return episodes_from_table(plan)
 
 
 def _newest_store(run_dir: Path, episodes: list[Episode]) -> EpisodeStore | None:
