@@ -167,3 +167,19 @@ def test_a_missing_seed_is_an_incomplete_run(tmp_path):
         write_summary(
             [str(tmp_path / "shard000.parquet")], str(tmp_path / "plan.csv"), outputs, "r"
         )
+
+
+def test_report_draws_each_seeds_rate_per_suite_and_the_spread_table(tmp_path):
+    from test_report import assert_chart_png
+
+    from libero_eval import report
+
+    outputs = seeded_run(tmp_path, {0: [True] * 4, 1: [True, False] * 2, 2: [False] * 4})
+    written = {
+        "success_by_seed": tmp_path / "seeds.png",
+        "success_table": tmp_path / "table.html",
+    }
+    report.write_report_outputs(outputs["episodes"], outputs["tables"], written, {})
+    assert_chart_png(written["success_by_seed"])
+    page = written["success_table"].read_text()
+    assert "<h2>Seeds</h2>" in page and "50.0 ± 50.0" in page
