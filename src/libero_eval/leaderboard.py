@@ -160,7 +160,8 @@ def read_run(run_dir: Path) -> RunEntry:
         )
     if row["errors"]:
         entry.status.append(f"errors: {row['errors']} episodes ended with an error")
-    protocol = f"{row['protocol']}, max_steps {row['max_steps'] or 'protocol'}, "
+    limit = f"max_steps {row['max_steps']}" if row["max_steps"] else "its step limits"
+    protocol = f"{row['protocol']}, {limit}, "
     protocol += f"{row['reset_seeding']} seeding"
     entry.group = f"{protocol}; episodes {_episode_set(episodes)} ({len(episodes)})"
     row["status"] = "; ".join(entry.status) or "ok"
