@@ -18,6 +18,7 @@ include: "workflow/rules/rollout.smk"
 include: "workflow/rules/aggregate.smk"
 include: "workflow/rules/report.smk"
 include: "workflow/rules/compare.smk"
+include: "workflow/rules/leaderboard.smk"
 include: "workflow/rules/selftest.smk"
 
 

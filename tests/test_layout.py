@@ -25,7 +25,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # `reference`); neither imports the other (test below), both get settings built above.
     ("jobs", ("rollout", "serve", "reference")),
     ("config", ("config",)),
-    ("results", ("aggregate", "compare", "efficiency", "robustness", "selftest")),
+    ("results", ("aggregate", "compare", "efficiency", "leaderboard", "robustness", "selftest")),
     ("report", ("report",)),
     ("commands", ("cli", "schema_doc")),
 )

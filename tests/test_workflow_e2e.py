@@ -280,3 +280,50 @@ def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuse
         REPO / "results" / throughput_runs[0] / "summary" / "episodes.parquet"
     ).sort_values(["task_id", "init_state_id"])
     assert after["finished_at"].tolist() == frames[0]["finished_at"].tolist()
+
+
+def test_three_seeds_show_their_spread_and_a_fourth_seed_runs_only_its_episodes(tmp_path):
+    """1 task x 1 init state x 3 seeds of 16 steps (hold policy), then a fourth seed appended."""
+    run_id = f"pytest_seeds_{tmp_path.name}"
+    configfile = tmp_path / "config.yaml"
+    config = {
+        "run_id": run_id,
+        "plan": {"task_ids": [0], "init_state_ids": [0], "seeds": [0, 1, 2]},
+        "server": {"reference": {"policy": "hold"}},
+        "rollout": {"send_privileged_state": False, "max_steps": 16, "envs_per_shard": 2},
+    }
+    configfile.write_text(yaml.safe_dump(config))
+    results, logs = REPO / "results" / run_id, REPO / "logs" / run_id
+    try:
+        first = run_workflow(configfile)
+        assert first.returncode == 0, first.stderr[-3000:]
+        episodes = pd.read_parquet(results / "summary" / "episodes.parquet")
+        assert sorted(episodes["seed"]) == [0, 1, 2]
+        assert episodes["episode_seed"].nunique() == 3  # each seed its own reset stream
+        store = next((results / "episodes").iterdir()) / "libero_spatial"
+        assert sorted(p.name for p in store.iterdir()) == [
+            f"task00_init00_seed{s}.json" for s in (0, 1, 2)
+        ]
+        per_seed = pd.read_csv(results / "summary" / "per_seed.csv")
+        assert sorted(per_seed[per_seed["level"] == "overall"]["seed"]) == [0, 1, 2]
+        per_suite = pd.read_csv(results / "summary" / "per_suite.csv")
+        assert (per_suite["num_seeds"] == 3).all() and (
+            per_suite["success_once_seed_std"] == 0
+        ).all()
+        assert "## Seeds" in (results / "summary" / "summary.md").read_text()
+        assert "<h2>Seeds</h2>" in (results / "report" / "success_table.html").read_text()
+        assert (results / "report" / "success_by_seed.png").stat().st_size > 0
+        before = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
+
+        config["plan"]["seeds"] = [0, 1, 2, 3]
+        configfile.write_text(yaml.safe_dump(config))
+        second = run_workflow(configfile)
+        assert second.returncode == 0, second.stderr[-3000:]
+        assert {p.name: p.stat().st_mtime_ns for p in store.iterdir() if p.name in before} == before
+        assert (store / "task00_init00_seed3.json").is_file()
+        log = (logs / "eval_embodiment.log").read_text()
+        assert "(1 to run, 3 already finished" in log
+        assert len(pd.read_parquet(results / "summary" / "episodes.parquet")) == 4
+    finally:
+        shutil.rmtree(results, ignore_errors=True)
+        shutil.rmtree(logs, ignore_errors=True)

@@ -30,12 +30,12 @@ def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[f
 
 
 def check_complete(episodes: pd.DataFrame, plan: pd.DataFrame) -> None:
-    """Every planned episode has exactly one result row."""
-    keys = ["suite", "task_id", "init_state_id"]
+    """Every planned episode has exactly one result row (per seed, when the plan has seeds)."""
+    keys = ["suite", "task_id", "init_state_id", *(["seed"] if "seed" in plan.columns else [])]
     duplicated = episodes[episodes.duplicated(keys, keep=False)]
     if len(duplicated):
         raise ValueError(
-            f"{len(duplicated)} result rows share a (suite, task, init state); each episode "
+            f"{len(duplicated)} result rows share a ({', '.join(keys)}); each episode "
             f"must count once: {duplicated[keys].head().to_dict('records')}"
         )
     merged = plan[keys].merge(episodes[keys], how="left", indicator=True)
@@ -95,9 +95,11 @@ def markdown_summary(
     decimals: int = 1,
     published: pd.DataFrame | None = None,
     alpha: float = 0.05,
+    seeds_section: str = "",
 ) -> str:
-    """A Markdown report: suites and overall first, then measured against published (when
-    `published`, from `libero_eval.published.published_checks`, has rows), then every task."""
+    """A Markdown report: suites and overall first, then the seeds (`seeds_markdown`, several
+    seeds only), measured against published (when `published`, from
+    `libero_eval.published.published_checks`, has rows), then every task."""
     level = f"{round(confidence * 100)}%"
     header = (
         f"| suite | task | success_once ({level} CI) | success_at_end ({level} CI) "
@@ -115,6 +117,8 @@ def markdown_summary(
     parts = [f"# LIBERO evaluation `{run_id}`\n\n## Suites\n\n", header]
     for _, row in table[table["level"].isin(["suite", "overall"])].iterrows():
         parts.append(line(row, "all" if row["level"] == "overall" else "(suite)"))
+    if seeds_section:
+        parts.append("\n" + seeds_section)
     if published is not None and len(published):
         parts.append("\n" + published_markdown(published, confidence, decimals, alpha))
     parts.append("\n## Tasks\n\n")
@@ -122,6 +126,104 @@ def markdown_summary(
     for _, row in table[table["level"] == "task"].iterrows():
         parts.append(line(row, f"{row['task_id']}: {row['task_language']}"))
     return "".join(parts)
+
+
+# ---------------------------------------------------------------- seeds (plan.seeds)
+
+
+def run_seeds(episodes: pd.DataFrame) -> list[int]:
+    """The run seeds of these episodes, ascending (one for a single-seed run)."""
+    return sorted(int(s) for s in episodes["seed"].dropna().unique())
+
+
+def _levels(episodes: pd.DataFrame):
+    """(level, suite, task_id, rows) for every task, every suite and overall."""
+    for (suite, task_id), group in episodes.groupby(["suite", "task_id"], sort=True):
+        yield "task", suite, int(task_id), group
+    for suite, group in episodes.groupby("suite", sort=True):
+        yield "suite", suite, None, group
+    yield "overall", "all", None, episodes
+
+
+def per_seed_table(episodes: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+    """Each seed's own rates (with Wilson intervals) per task, suite and overall: one row per
+    (level, suite, task, seed); per_seed.csv."""
+    rows = []
+    for level, suite, task_id, group in _levels(episodes):
+        for seed, part in group.groupby("seed", sort=True):
+            rows.append(
+                {
+                    "level": level,
+                    "suite": suite,
+                    "task_id": task_id,
+                    "seed": int(seed),
+                    **_summarize(part, confidence),
+                }
+            )
+    frame = pd.DataFrame(rows)
+    if len(frame):
+        frame["task_id"] = frame["task_id"].astype("Int64")
+    return frame
+
+
+def with_seed_spread(table: pd.DataFrame, per_seed: pd.DataFrame) -> pd.DataFrame:
+    """`table` (success_tables) with, per row, the number of seeds and the mean and sample
+    standard deviation (ddof 1) over seeds of each seed's rate, next to the pooled rate and
+    its Wilson interval. Unchanged for a single-seed run: it looks as before seeds existed."""
+    if per_seed["seed"].nunique() < 2:
+        return table
+    key = ["level", "suite", "task_id"]
+    grouped = per_seed.assign(task_id=per_seed["task_id"].fillna(-1)).groupby(key[:2] + ["task_id"])
+    spread = grouped.agg(
+        num_seeds=("seed", "nunique"),
+        **{f"{m}_seed_mean": (m, "mean") for m in METRICS},
+        **{f"{m}_seed_std": (m, "std") for m in METRICS},
+    ).reset_index()
+    merged = table.assign(task_id=table["task_id"].fillna(-1)).merge(spread, on=key, how="left")
+    merged["task_id"] = table["task_id"].to_numpy()
+    return merged
+
+
+def _mean_sd(mean: float, sd: float, decimals: int) -> str:
+    if math.isnan(mean):
+        return "n/a"
+    sd_text = "n/a" if math.isnan(sd) else f"{100 * sd:.{decimals}f}"
+    return f"{100 * mean:.{decimals}f} ± {sd_text}"
+
+
+def seeds_markdown(
+    table: pd.DataFrame, per_seed: pd.DataFrame, confidence: float = 0.95, decimals: int = 1
+) -> str:
+    """The "Seeds" section of summary.md: per suite and overall, the pooled rate with its
+    Wilson interval, the mean ± standard deviation over seeds and each seed's rate ("" for a
+    single-seed run)."""
+    seeds = sorted(per_seed["seed"].unique()) if len(per_seed) else []
+    if len(seeds) < 2:
+        return ""
+    level = f"{round(confidence * 100)}%"
+    lines = [
+        f"## Seeds\n\n{len(seeds)} seeds ({', '.join(map(str, seeds))}), every episode once per "
+        f"seed. Pooled: all episodes of all seeds, {level} Wilson CI. Mean ± sd: over the "
+        "seeds' own rates (sample standard deviation), in percent.\n\n",
+        "| suite | metric | pooled | mean ± sd over seeds | "
+        + " | ".join(f"seed {s}" for s in seeds)
+        + " |\n",
+        "|---|---|---|---|" + "---|" * len(seeds) + "\n",
+    ]
+    rows = table[table["level"] != "task"]
+    for _, row in rows.iterrows():
+        mine = per_seed[(per_seed["level"] == row["level"]) & (per_seed["suite"] == row["suite"])]
+        for metric in METRICS:
+            by_seed = dict(zip(mine["seed"], mine[metric], strict=True))
+            pooled = _pct(row[metric], row[f"{metric}_ci_low"], row[f"{metric}_ci_high"], decimals)
+            cells = [
+                "n/a" if s not in by_seed else f"{100 * by_seed[s]:.{decimals}f}%" for s in seeds
+            ]
+            spread = _mean_sd(row[f"{metric}_seed_mean"], row[f"{metric}_seed_std"], decimals)
+            lines.append(
+                f"| {row['suite']} | {metric} | {pooled} | {spread} | {' | '.join(cells)} |\n"
+            )
+    return "".join(lines)
 
 
 def _published_columns(checks: pd.DataFrame) -> pd.DataFrame:
@@ -155,8 +257,14 @@ def write_summary(
     episodes = read_results(shard_paths)
     check_complete(episodes, pd.read_csv(plan_path))
     episodes = episodes.sort_values(["suite", "init_state_id", "task_id"], ignore_index=True)
+    if len(run_seeds(episodes)) > 1:
+        order = ["suite", "seed", "init_state_id", "task_id"]
+        episodes = episodes.sort_values(order, ignore_index=True)
     write_frame(episodes, outputs["episodes"])
-    table = success_tables(episodes, confidence)
+    per_seed = per_seed_table(episodes, confidence)
+    if "per_seed" in outputs:
+        per_seed.to_csv(outputs["per_seed"], index=False)
+    table = with_seed_spread(success_tables(episodes, confidence), per_seed)
     table.to_parquet(outputs["tables"], index=False)
     table[table["level"] == "task"].drop(columns="level").to_csv(outputs["per_task"], index=False)
     checks = published_checks(table, published, published_metric, published_alpha)
@@ -164,7 +272,10 @@ def write_summary(
     if len(checks):
         per_suite = per_suite.merge(_published_columns(checks), on="suite", how="left")
     per_suite.to_csv(outputs["per_suite"], index=False)
-    markdown = markdown_summary(table, run_id, confidence, decimals, checks, published_alpha)
+    seeds_section = seeds_markdown(table, per_seed, confidence, decimals)
+    markdown = markdown_summary(
+        table, run_id, confidence, decimals, checks, published_alpha, seeds_section
+    )
     with open(outputs["markdown"], "w") as handle:
         handle.write(markdown)
     overall = table[table["level"] == "overall"].iloc[0]

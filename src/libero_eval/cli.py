@@ -2,6 +2,7 @@
 
 libero-eval status results/<run>            one line, also while the evaluation runs
 libero-eval compare <baseline> <candidate>  paired comparison of two finished runs
+libero-eval leaderboard [results/ | runs...] one row per run: Markdown, CSV and an HTML page
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from libero_eval.plan import Episode
+from libero_eval.plan import Episode, episodes_from_table
 from libero_eval.store import EpisodeStore
 
 
@@ -66,7 +67,7 @@ def _planned_episodes(run_dir: Path) -> list[Episode]:
     missing = {"suite", "task_id", "init_state_id"} - set(plan.columns)
     if missing:
         raise ValueError(f"{plan_path}: missing columns {sorted(missing)}; rerun the plan step")
-    return [Episode(str(r.suite), int(r.task_id), int(r.init_state_id)) for r in plan.itertuples()]
+    return episodes_from_table(plan)
 
 
 def _newest_store(run_dir: Path, episodes: list[Episode]) -> EpisodeStore | None:
@@ -153,6 +154,15 @@ def _compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def _leaderboard(args: argparse.Namespace) -> int:
+    from libero_eval.report.leaderboard import write_leaderboard
+
+    paths = write_leaderboard(args.sources, args.out, compute_pairs=args.paired)
+    print(paths["md"].read_text())
+    print(f"wrote {', '.join(str(p) for p in paths.values())}", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="libero-eval", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -180,6 +190,24 @@ def build_parser() -> argparse.ArgumentParser:
         "--output-dir", help="also write comparison.md/html, CSVs and difference.png here"
     )
     compare.set_defaults(handler=_compare)
+
+    board = commands.add_parser(
+        "leaderboard",
+        help="one row per run (Markdown, CSV, HTML), grouped by what is comparable",
+    )
+    board.add_argument(
+        "sources",
+        nargs="*",
+        default=["results"],
+        help="a results directory (every run under it) or run directories (default: results)",
+    )
+    board.add_argument("--out", default="results/leaderboard", help="where the files go")
+    board.add_argument(
+        "--paired",
+        action="store_true",
+        help="compute each comparable pair's paired test (else print its command line)",
+    )
+    board.set_defaults(handler=_leaderboard)
     return parser
 
 

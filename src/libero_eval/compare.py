@@ -128,12 +128,19 @@ class Comparison:
         return messages
 
 
-def _check_unique(episodes: pd.DataFrame, name: str) -> None:
-    duplicated = episodes[episodes.duplicated(PAIR_KEYS, keep=False)]
+def pair_keys(*runs: pd.DataFrame) -> list[str]:
+    """What pairs two runs' episodes: (suite, task_id, init_state_id), and the seed when a run
+    has several seeds (plan.seeds): episode i of seed s pairs with episode i of seed s."""
+    several = any("seed" in r.columns and r["seed"].nunique() > 1 for r in runs)
+    return [*PAIR_KEYS, "seed"] if several else list(PAIR_KEYS)
+
+
+def _check_unique(episodes: pd.DataFrame, name: str, keys: list[str] = PAIR_KEYS) -> None:
+    duplicated = episodes[episodes.duplicated(keys, keep=False)]
     if len(duplicated):
         raise ValueError(
-            f"run {name!r} has {len(duplicated)} rows sharing a (suite, task_id, init_state_id), "
-            f"e.g. {duplicated[PAIR_KEYS].head(3).to_dict('records')}; each episode must count "
+            f"run {name!r} has {len(duplicated)} rows sharing a ({', '.join(keys)}), "
+            f"e.g. {duplicated[keys].head(3).to_dict('records')}; each episode must count "
             "once: use the aggregated results/<run>/summary/episodes.parquet"
         )
 
@@ -184,31 +191,33 @@ def compare_runs(
     n_resamples: int = 10_000,
     seed: int = 0,
 ) -> Comparison:
-    """Pair episodes by (suite, task_id, init_state_id) and compare `metric` per pair."""
+    """Pair episodes by (suite, task_id, init_state_id), and seed for runs with several
+    (`pair_keys`), and compare `metric` per pair."""
+    keys = pair_keys(baseline, candidate)
     if metric not in METRICS:
         raise ValueError(f"compare.metric: {metric!r} is not one of {list(METRICS)}")
     for name, episodes in ((baseline_name, baseline), (candidate_name, candidate)):
-        missing = {*PAIR_KEYS, metric, "error", "task_language"} - set(episodes.columns)
+        missing = {*keys, metric, "error", "task_language"} - set(episodes.columns)
         if missing:
             raise ValueError(
                 f"run {name!r} lacks columns {sorted(missing)}; pass the aggregated "
                 "results/<run>/summary/episodes.parquet"
             )
-        _check_unique(episodes, name)
+        _check_unique(episodes, name, keys)
 
     def side(episodes: pd.DataFrame, tag: str) -> pd.DataFrame:
         columns = {metric: tag, "error": f"{tag}_error", "task_language": f"{tag}_language"}
         if "video_path" in episodes.columns:
             columns["video_path"] = f"{tag}_video"
-        frame = episodes[[*PAIR_KEYS, *columns]].rename(columns=columns)
+        frame = episodes[[*keys, *columns]].rename(columns=columns)
         frame[tag] = frame[tag].astype(bool)
         return frame.astype({"task_id": int, "init_state_id": int})
 
     merged = side(baseline, "baseline").merge(
-        side(candidate, "candidate"), on=PAIR_KEYS, how="outer", indicator=True
+        side(candidate, "candidate"), on=keys, how="outer", indicator=True
     )
     only = {"left_only": baseline_name, "right_only": candidate_name}
-    unmatched = merged[merged["_merge"] != "both"][[*PAIR_KEYS, "_merge"]]
+    unmatched = merged[merged["_merge"] != "both"][[*keys, "_merge"]]
     unmatched = unmatched.assign(only_in=unmatched.pop("_merge").map(only).astype(str))
     pairs = merged[merged["_merge"] == "both"].drop(columns="_merge")
     pairs = pairs.assign(
@@ -216,7 +225,7 @@ def compare_runs(
         baseline=pairs["baseline"].astype(bool),
         candidate=pairs["candidate"].astype(bool),
     ).drop(columns=["baseline_language", "candidate_language"])
-    pairs = pairs.sort_values(PAIR_KEYS, ignore_index=True)
+    pairs = pairs.sort_values(keys, ignore_index=True)
 
     rows = []
     for (suite, task_id), group in pairs.groupby(["suite", "task_id"], sort=True):
@@ -261,7 +270,7 @@ def compare_runs(
         metric=metric,
         confidence=confidence,
         pairs=pairs,
-        unmatched=unmatched.sort_values(PAIR_KEYS, ignore_index=True),
+        unmatched=unmatched.sort_values(keys, ignore_index=True),
         table=table,
         flipped=flipped.reset_index(drop=True),
         runs=runs,

@@ -20,7 +20,7 @@ from typing import Any
 
 from libero_eval import settings_schema
 from libero_eval import suites as suite_catalog
-from libero_eval.plan import Episode, Shard, make_shards, plan_episodes, read_shard
+from libero_eval.plan import Episode, Shard, check_seeds, make_shards, plan_episodes, read_shard
 from libero_eval.policy.adapters import ADAPTERS, PolicyAdapter, make_adapter
 from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.policy.connection import policy_connection_spec
@@ -212,19 +212,43 @@ def reference_pi05_model(config: dict[str, Any]) -> str:
     return config["server"]["reference"]["norm_stats_path"]
 
 
+def run_seeds(config: dict[str, Any]) -> list[int] | None:
+    """`plan.seeds` checked (no seed twice, not with plan.seed), or None for one seed."""
+    plan = config["plan"]
+    seeds = plan.get("seeds")
+    if seeds is not None and plan["seed"] is not None:
+        raise ConfigError(
+            f"plan.seed ({plan['seed']}) and plan.seeds ({seeds}) are both set: set one (a "
+            "single seed as plan.seed, or every seed in plan.seeds)"
+        )
+    try:
+        return check_seeds(seeds)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from exc
+
+
 def episode_protocol(config: dict[str, Any]) -> EpisodeProtocol:
-    """The run's episode protocol: rollout.protocol with rollout.max_steps and plan.seed
-    applied where they are set."""
+    """The run's episode protocol: rollout.protocol with rollout.max_steps and the run's seed
+    (plan.seed, or the first of plan.seeds) applied where they are set. A run with several
+    seeds runs each episode under its own seed (`EpisodeProtocol.with_seed`); the first seed
+    stands for them in the rollout fingerprint, so appending a seed keeps the store."""
     rollout = config["rollout"]
-    return get_protocol(rollout["protocol"], rollout["max_steps"], config["plan"]["seed"])
+    seeds = run_seeds(config)
+    seed = seeds[0] if seeds else config["plan"]["seed"]
+    return get_protocol(rollout["protocol"], rollout["max_steps"], seed)
 
 
 def planned_episodes(config: dict[str, Any]) -> list[Episode]:
-    """The config's episodes, with plan.suites patterns expanded (`libero_eval.suites`)."""
+    """The config's episodes, with plan.suites patterns expanded (`libero_eval.suites`), once
+    per seed of plan.seeds."""
     plan = config["plan"]
     check_suite_catalog()
     return plan_episodes(
-        plan["suites"], plan["task_ids"], plan["init_state_ids"], plan["num_trials_per_task"]
+        plan["suites"],
+        plan["task_ids"],
+        plan["init_state_ids"],
+        plan["num_trials_per_task"],
+        run_seeds(config),
     )
 
 

@@ -26,15 +26,19 @@ SUITE_NUM_TASKS = {
 
 @dataclass(frozen=True, order=True)
 class Episode:
-    """One (suite, task, init state) to evaluate; it counts exactly once."""
+    """One (suite, task, init state) to evaluate, under run seed `seed` when the run has
+    several (`plan.seeds`); it counts exactly once. A single-seed run's episodes have no seed
+    of their own (None: the run's one seed), so their keys and store paths are unchanged."""
 
     suite: str
     task_id: int
     init_state_id: int
+    seed: int | None = None
 
     @property
     def key(self) -> str:
-        return f"{self.suite}/task{self.task_id:02d}/init{self.init_state_id:02d}"
+        key = f"{self.suite}/task{self.task_id:02d}/init{self.init_state_id:02d}"
+        return key if self.seed is None else f"{key}/seed{self.seed}"
 
 
 @dataclass(frozen=True)
@@ -66,18 +70,38 @@ def _resolve_ids(value, count: int, field: str) -> list[int]:
     return ids
 
 
+def check_seeds(seeds: Sequence[int] | None) -> list[int] | None:
+    """`plan.seeds` as a list (None when not set); a ValueError names a repeated seed."""
+    if seeds is None:
+        return None
+    seeds = [int(s) for s in seeds]
+    if not seeds:
+        raise ValueError("plan.seeds: list at least one seed (or null for plan.seed)")
+    repeated = sorted({s for s in seeds if seeds.count(s) > 1})
+    if repeated:
+        raise ValueError(
+            f"plan.seeds: seed(s) {repeated} listed more than once in {seeds}; each seed runs "
+            "every episode once, so list each seed once"
+        )
+    return seeds
+
+
 def plan_episodes(
     suites: Sequence[str],
     task_ids: str | Sequence[int] = "all",
     init_state_ids: Sequence[int] | None = None,
     num_trials_per_task: int = 1,
+    seeds: Sequence[int] | None = None,
 ) -> list[Episode]:
     """The interleaved episode list: per suite, trial-major (task0/trial0, task1/trial0, ...).
 
     `suites` may hold patterns (`libero_eval.suites.expand_suites`). `init_state_ids`
     (explicit) wins over `num_trials_per_task` (the first N init states). Every selected task
     must be able to run; otherwise a ValueError names the suite, the tasks and the reason.
+    With several `seeds` the whole list repeats once per seed, seed-major (seed order as
+    listed), each episode carrying its seed; with one seed (or None) episodes carry none.
     """
+    seeds = check_seeds(seeds)
     episodes: list[Episode] = []
     for suite in suite_catalog.expand_suites(list(suites)):
         entries = suite_catalog.tasks(suite)
@@ -102,7 +126,23 @@ def plan_episodes(
                 )
             trials = list(range(num_trials_per_task))
         episodes += [Episode(suite, t, i) for i in trials for t in tasks]
+    if seeds is not None and len(seeds) > 1:
+        return [Episode(e.suite, e.task_id, e.init_state_id, s) for s in seeds for e in episodes]
     return episodes
+
+
+def episodes_from_table(table: pd.DataFrame) -> list[Episode]:
+    """Episodes of a plan table (plan.csv), with their seeds where it has a `seed` column."""
+    keys = ["suite", "task_id", "init_state_id"]
+    if "seed" in table.columns:
+        return [
+            Episode(str(suite), int(task), int(init), int(seed))
+            for suite, task, init, seed in table[[*keys, "seed"]].itertuples(index=False)
+        ]
+    return [
+        Episode(str(suite), int(task), int(init))
+        for suite, task, init in table[keys].itertuples(index=False)
+    ]
 
 
 def make_shards(episodes: Sequence[Episode], num_slots: int, shards_per_slot: int) -> list[Shard]:
@@ -128,20 +168,21 @@ def read_shard(plan_csv: str | Path, name: str) -> Shard:
     slots = set(rows["slot"])
     if len(slots) != 1:
         raise ValueError(f"{plan_csv}: {name} is planned on several slots {sorted(slots)}")
-    episodes = tuple(
-        Episode(str(suite), int(task), int(init))
-        for suite, task, init in rows[["suite", "task_id", "init_state_id"]].itertuples(index=False)
-    )
+    episodes = tuple(episodes_from_table(rows))
     return Shard(int(name.removeprefix("shard")), int(slots.pop()), episodes)
 
 
 def plan_table(shards: Iterable[Shard]) -> pd.DataFrame:
-    """The plan as a table: one row per episode with its shard, slot and plan position."""
+    """The plan as a table: one row per episode with its shard and slot, and its seed when the
+    run has several (a single-seed plan.csv has today's columns)."""
+    shards = list(shards)
+    seeded = any(ep.seed is not None for shard in shards for ep in shard.episodes)
     rows = [
         {**asdict(ep), "shard": shard.name, "slot": shard.slot}
         for shard in shards
         for ep in shard.episodes
     ]
-    return pd.DataFrame(
-        rows, columns=["suite", "task_id", "init_state_id", "shard", "slot"]
-    ).sort_values(["suite", "init_state_id", "task_id"], ignore_index=True)
+    keys = ["suite", "task_id", "init_state_id"]
+    columns = [*keys, *(["seed"] if seeded else []), "shard", "slot"]
+    order = ["suite", *(["seed"] if seeded else []), "init_state_id", "task_id"]
+    return pd.DataFrame(rows, columns=columns).sort_values(order, ignore_index=True)

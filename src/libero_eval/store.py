@@ -91,11 +91,26 @@ class EpisodeStore:
         self.root = Path(root)
 
     def path_for(self, episode: Episode) -> Path:
-        return (
-            self.root
-            / episode.suite
-            / f"task{episode.task_id:02d}_init{episode.init_state_id:02d}.json"
-        )
+        """`<suite>/taskTT_initII.json`; `taskTT_initII_seedS.json` for an episode of a run
+        with several seeds (`Episode.seed`)."""
+        name = f"task{episode.task_id:02d}_init{episode.init_state_id:02d}"
+        if episode.seed is not None:
+            name += f"_seed{episode.seed}"
+        return self.root / episode.suite / f"{name}.json"
+
+    def _path_to_load(self, episode: Episode) -> Path:
+        """Where `episode`'s record is: its own path, or, for a seeded episode not stored under
+        it, the single-seed path when the record there ran under that seed (a run that had one
+        seed and now lists more reuses the episodes it already ran)."""
+        path = self.path_for(episode)
+        if episode.seed is None or path.exists():
+            return path
+        single = self.path_for(Episode(episode.suite, episode.task_id, episode.init_state_id))
+        try:
+            stored_seed = json.loads(single.read_text()).get("seed")
+        except (OSError, ValueError, AttributeError):
+            return path
+        return single if stored_seed == episode.seed else path
 
     def write(self, episode: Episode, record: dict[str, Any]) -> Path:
         path = self.path_for(episode)
@@ -104,7 +119,7 @@ class EpisodeStore:
 
     def load(self, episode: Episode) -> dict[str, Any] | None:
         """The episode's record, or None if absent or unreadable (then it is rerun)."""
-        path = self.path_for(episode)
+        path = self._path_to_load(episode)
         try:
             record = json.loads(path.read_text())
         except FileNotFoundError:

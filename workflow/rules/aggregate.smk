@@ -7,6 +7,7 @@ rule aggregate:
         episodes=f"results/{RUN}/summary/episodes.parquet",
         per_task=f"results/{RUN}/summary/per_task.csv",
         per_suite=f"results/{RUN}/summary/per_suite.csv",
+        per_seed=f"results/{RUN}/summary/per_seed.csv",
         tables=f"results/{RUN}/summary/summary.parquet",
         markdown=f"results/{RUN}/summary/summary.md",
         efficiency=f"results/{RUN}/summary/efficiency.csv",

@@ -183,3 +183,8 @@ def get_slot_runtime(wildcards, attempt):
     """Minutes of a slot job (server + shards: Snakemake takes the max in a group)."""
     minutes = config["slurm"]["runtime_min"] or config["rollout"]["runtime_min"]
     return minutes * attempt
+
+
+def get_leaderboard_summaries(wildcards):
+    """Every run under results/ that has a summary (the leaderboard reads them all)."""
+    return sorted(str(p) for p in Path("results").glob("*/summary/summary.parquet"))

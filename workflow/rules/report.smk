@@ -22,6 +22,12 @@ rule report_figures:
             category="Success",
             subcategory="Charts",
         ),
+        success_by_seed=report(
+            f"results/{RUN}/report/success_by_seed.png",
+            caption="../report/success_by_seed.rst",
+            category="Success",
+            subcategory="Charts",
+        ),
         success_table=report(
             f"results/{RUN}/report/success_table.html",
             caption="../report/success_table.rst",

@@ -38,6 +38,7 @@ from libero_eval.report.provenance import (
     provenance,
     provenance_html,
 )
+from libero_eval.report.seeds import seeds_html, success_by_seed_figure
 from libero_eval.report.tables import (
     NO_ERROR,
     failures_by_error,
@@ -64,8 +65,10 @@ __all__ = [
     "provenance",
     "provenance_html",
     "save_figure",
+    "seeds_html",
     "select_videos",
     "steps_per_second",
+    "success_by_seed_figure",
     "success_by_suite_figure",
     "success_by_task_figure",
     "success_table_html",
@@ -114,8 +117,16 @@ OUTPUT_WRITERS: dict[str, Callable[[_Run, Path], None]] = {
     "success_by_task": _figure(lambda r: success_by_task_figure(r.table, r.confidence)),
     "success_by_suite": _figure(lambda r: success_by_suite_figure(r.table, r.confidence)),
     "success_table": _text(
-        lambda r: success_table_html(r.table, r.confidence, r.decimals, r.published, r.alpha)
+        lambda r: success_table_html(
+            r.table,
+            r.confidence,
+            r.decimals,
+            r.published,
+            r.alpha,
+            seeds_html(r.table, r.episodes, r.confidence, r.decimals),
+        )
     ),
+    "success_by_seed": _figure(lambda r: success_by_seed_figure(r.episodes, r.confidence)),
     "first_success_step": _figure(lambda r: first_success_step_figure(r.episodes)),
     "latency_over_time": _figure(lambda r: latency_over_time_figure(r.episodes)),
     "throughput_over_time": _figure(lambda r: throughput_over_time_figure(r.episodes)),

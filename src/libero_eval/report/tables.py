@@ -51,8 +51,10 @@ def success_table_html(
     decimals: int = 1,
     published: pd.DataFrame | None = None,
     alpha: float = 0.05,
+    seeds_section: str = "",
 ) -> str:
-    """Suites, overall and every task with both metrics and their Wilson intervals; with
+    """Suites, overall and every task with both metrics and their Wilson intervals; then the
+    seeds' spread (`seeds_section`, `report.seeds.seeds_html`, several seeds only); with
     `published` rows (`libero_eval.published.published_checks`), measured against published
     after the suites."""
     level = _level(confidence)
@@ -78,6 +80,7 @@ def success_table_html(
     tasks = table[table["level"] == "task"]
     body = (
         f"<h2>Suites and overall</h2>{_html_table(rows(suites, False))}"
+        + seeds_section
         + (published_html(published, confidence, decimals, alpha) if published is not None else "")
         + f"<h2>Tasks</h2>{_html_table(rows(tasks, True))}"
     )

@@ -61,6 +61,7 @@ class EpisodeSpec:
     task_id: int
     init_state_id: int
     fault: str | None = None  # fault injection only (libero_eval.faults.FaultyEnv)
+    seed: int | None = None  # the episode's run seed (plan.seeds); None: the protocol's
 
 
 @dataclass
@@ -196,7 +197,7 @@ class LiberoEpisodeEnv:
         self.task_language = ""
         self._init_states: np.ndarray | None = None
         # reset_seeding "reference": (suite, task) -> (resets done, numpy state after them)
-        self._reference_streams: dict[tuple[str, int], tuple[int, dict]] = {}
+        self._reference_streams: dict[tuple[str, int, int | None], tuple[int, dict]] = {}
         # per-episode state
         self._episode: EpisodeSpec | None = None
         self._policy_steps = 0
@@ -315,7 +316,14 @@ class LiberoEpisodeEnv:
                 key: np.array(obs[key], dtype=np.float64) for key in PROPRIO_KEYS if key in obs
             }
             or None,
+            sampling_seed_offset=self._sampling_seed_offset(),
         )
+
+    def _sampling_seed_offset(self) -> int:
+        """How far this episode's run seed lies from the run's first seed (the protocol's seed
+        here): the policy's sampling seed moves by as much (0 in a single-seed run)."""
+        spec = self._episode
+        return 0 if spec is None or spec.seed is None else int(spec.seed) - self.protocol.seed
 
     def start_episode(self, spec: EpisodeSpec) -> Observation:
         """Reset to the spec's init state, run the settle steps, return the first query."""
@@ -343,7 +351,7 @@ class LiberoEpisodeEnv:
         """`env.reset()` with numpy's global stream (which places the fixtures) set as the
         protocol's reset seeding says; never dependent on earlier episodes of this env."""
         seed = reset_seed_of(
-            self.protocol,
+            self.protocol.with_seed(spec.seed),
             self.settings.reset_seeding,
             spec.suite,
             spec.task_id,
@@ -356,7 +364,7 @@ class LiberoEpisodeEnv:
             return
         # The reference seeds once per task and runs trials 0, 1, ... in order: trial i draws
         # from the stream after i resets. Replay the missing resets (cached per task).
-        key = (spec.suite, spec.task_id)
+        key = (spec.suite, spec.task_id, spec.seed)
         done, state = self._reference_streams.get(key, (0, None))
         if state is None or done > spec.init_state_id:
             self._forget_earlier_resets()

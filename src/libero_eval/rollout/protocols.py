@@ -95,6 +95,10 @@ class EpisodeProtocol:
     replays_reference_stream: bool = False
     seed_per_trial: bool = False
 
+    def with_seed(self, seed: int | None) -> EpisodeProtocol:
+        """This protocol under run seed `seed` (one of `plan.seeds`); None keeps its seed."""
+        return self if seed is None else dataclasses.replace(self, seed=int(seed))
+
     def max_steps_for(self, suite: str) -> int:
         """The step limit of `suite`'s base suite (settle steps included when
         settle_within_limit): a perturbation runs as long as its clean suite."""

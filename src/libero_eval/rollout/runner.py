@@ -113,6 +113,7 @@ def _record(
 ) -> dict[str, Any]:
     latencies = np.asarray(running.latencies if running else [], dtype=float)
     has_latency = latencies.size > 0
+    protocol = settings.protocol.with_seed(episode.seed)  # the episode's run seed (plan.seeds)
     return {
         "run_id": settings.run_id,
         "suite": episode.suite,
@@ -120,10 +121,10 @@ def _record(
         "task_id": episode.task_id,
         "task_language": running.task_language if running else None,
         "init_state_id": episode.init_state_id,
-        "seed": settings.protocol.seed,
+        "seed": protocol.seed,
         "reset_seeding": settings.env.reset_seeding,
         "episode_seed": reset_seed_of(
-            settings.protocol,
+            protocol,
             settings.env.reset_seeding,
             episode.suite,
             episode.task_id,
@@ -351,7 +352,9 @@ class ShardRunner:
         fault = self._faults.env_fault(
             worker.index, self._scheduler.first_attempts, running.attempt
         )
-        spec = EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id, fault)
+        spec = EpisodeSpec(
+            episode.suite, episode.task_id, episode.init_state_id, fault, episode.seed
+        )
         worker.send(Command.START, spec)
         self.dispatch_log.env(worker.index, "stepping", time.monotonic())
 

@@ -23,6 +23,9 @@ class Observation:
     # LIBERO's proprioception as the env reports it: robot0_eef_pos [3], robot0_eef_quat [4]
     # (x, y, z, w), robot0_gripper_qpos [2]; what π0.5 builds its 8-D state from
     proprio: dict[str, np.ndarray] | None = None
+    # the episode's run seed minus the run's first seed (plan.seeds): the adapter adds it to
+    # the policy's sampling seed; 0 in a single-seed run, whose requests are unchanged
+    sampling_seed_offset: int = 0
 
 
 class PolicyAdapter(ABC):

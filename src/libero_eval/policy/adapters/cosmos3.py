@@ -215,10 +215,15 @@ class Cosmos3Adapter(PolicyAdapter):
     # ---------------------------------------------------------------- requests
 
     def prompt_key(self, obs: Observation) -> str:
-        return action_math.augment_prompt(obs.task_language)
+        """The prompt; with the episode's sampling-seed offset (plan.seeds) when it has one, as
+        a request carries one sampling seed: episodes of different seeds never share one."""
+        prompt = action_math.augment_prompt(obs.task_language)
+        offset = obs.sampling_seed_offset
+        return prompt if not offset else f"{prompt}\x00seed{offset:+d}"
 
-    def parameters(self) -> dict[str, Any]:
-        """The ``parameters`` block sent with every request."""
+    def parameters(self, seed_offset: int = 0) -> dict[str, Any]:
+        """The ``parameters`` block sent with every request; its ``seed`` is
+        ``policy.cosmos3.seed`` plus the episodes' run-seed offset (0 with one seed)."""
         parameters: dict[str, Any] = {
             "action_mode": self.action_mode,
             "num_frames": self.num_frames,
@@ -231,7 +236,7 @@ class Cosmos3Adapter(PolicyAdapter):
             "num_inference_steps": self.num_inference_steps,
             "height": self.height,
             "width": self.width,
-            "seed": self.seed,
+            "seed": self.seed + seed_offset,
         }
         if self.guidance_scale is not None:
             parameters["guidance_scale"] = self.guidance_scale
@@ -240,7 +245,13 @@ class Cosmos3Adapter(PolicyAdapter):
     def build_request(self, observations: list[Observation], request_id: str) -> dict[str, Any]:
         if not observations:
             raise ValueError("Cosmos3 request needs at least one observation")
-        prompts = [self.prompt_key(obs) for obs in observations]
+        prompts = [action_math.augment_prompt(obs.task_language) for obs in observations]
+        offsets = {obs.sampling_seed_offset for obs in observations}
+        if len(offsets) > 1:
+            raise ValueError(
+                "a Cosmos3 request carries one sampling seed: its observations come from "
+                f"episodes of different run seeds (offsets {sorted(offsets)})"
+            )
         images = [
             action_math.preprocess_observation_image(
                 obs.agentview, obs.wrist, width=self.width, height=self.height
@@ -265,7 +276,7 @@ class Cosmos3Adapter(PolicyAdapter):
         return {
             "request_id": request_id,
             "input": input_block,
-            "parameters": self.parameters(),
+            "parameters": self.parameters(offsets.pop()),
             "runtime": {
                 "response_format": self.response_format,
                 "output_format": "list" if self.json_body else "numpy",
