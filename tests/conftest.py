@@ -67,7 +67,7 @@ def default_config(monkeypatch) -> dict:
     (relative paths resolve from the repository root)."""
     monkeypatch.chdir(REPO)
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     return config
 
 

@@ -34,7 +34,7 @@ EPISODES = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
 def full_config(**sections) -> dict:
     """A config with every default filled in by the schema, as the workflow sees it."""
     config = {"run_id": "bad_input", **sections}
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     return config
 
 
@@ -127,7 +127,9 @@ def test_nonexistent_model_path_is_named_with_the_fix(workdir):
 
 def test_stats_file_of_the_wrong_shape_is_named_with_the_fix(workdir):
     stats = json.loads(
-        (REPO / "config/stats/libero_native_frame_wise_relative_rot6d.json").read_text()
+        (
+            REPO / "src/libero_eval/data/stats/libero_native_frame_wise_relative_rot6d.json"
+        ).read_text()
     )
     stats["global_raw"]["q01"] = stats["global_raw"]["q01"][:7]  # LIBERO's 7-D, not Cosmos3's 10
     (workdir / "stats7.json").write_text(json.dumps(stats))

@@ -24,7 +24,7 @@ def old_layout(config: dict) -> dict:
 
 def fingerprint(config: dict) -> str:
     settings.check_family_fields(config)
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     return settings.RunSettings(config).fingerprint
 
 

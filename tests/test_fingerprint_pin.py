@@ -35,7 +35,7 @@ def workflow_fingerprint(config: dict) -> str:
     from libero_eval.config import check_family_fields
 
     check_family_fields(config)
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     from libero_eval.config import RunSettings
 
     return RunSettings(config).fingerprint

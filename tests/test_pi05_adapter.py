@@ -17,7 +17,7 @@ from libero_eval.policy.client import PolicyResponseError
 from libero_eval.policy.connection import policy_connection_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-STATS = REPO_ROOT / "config" / "stats" / "pi05_libero_norm_stats.json"
+STATS = REPO_ROOT / "src" / "libero_eval" / "data" / "stats" / "pi05_libero_norm_stats.json"
 
 
 def observation(seed: int = 0) -> Observation:

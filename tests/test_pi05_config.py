@@ -55,7 +55,7 @@ def _deep_update(target: dict, source: dict) -> None:
 
 def checked(config: dict) -> dict:
     settings.check_family_fields(config)
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     settings.check_config(config)
     return config
 

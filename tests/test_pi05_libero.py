@@ -35,7 +35,7 @@ def pi05_shard(tmp_path, **pi05):
             "send_privileged_state": True,
         },
     }
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     return RunSettings(config).shard_settings("shard000", 0, 1), EpisodeStore(tmp_path / "episodes")
 
 

@@ -23,6 +23,8 @@ import numpy as np
 from PIL import Image
 from scipy.spatial.transform import Rotation
 
+from libero_eval import package_data
+
 MODEL_ACTION_DIM = 10
 LIBERO_ACTION_DIM = 7
 NORMALIZATION_BLOCKS = {"quantile_rot": "global_raw", "quantile": "global"}
@@ -39,7 +41,7 @@ GripperMapping = Literal["binary", "continuous"]
 
 _STATS_FIX = (
     "use a Cosmos3 LIBERO stats file with a '{block}' block holding q01 and q99 lists of "
-    "{dim} finite numbers (e.g. config/stats/libero_native_frame_wise_relative_rot6d.json)"
+    "{dim} finite numbers (e.g. libero_eval:stats/libero_native_frame_wise_relative_rot6d.json)"
 )
 
 
@@ -77,8 +79,9 @@ def stats_block_for(normalization: str) -> str:
 def load_action_stats(
     path: str | Path, block: str = "global_raw", expected_dim: int = MODEL_ACTION_DIM
 ) -> ActionStats:
-    """Load and validate ``block``'s q01/q99 vectors from a Cosmos3 action stats JSON file."""
-    path = Path(path)
+    """Load and validate ``block``'s q01/q99 vectors from a Cosmos3 action stats JSON file
+    (a path, or ``libero_eval:<name>`` for a file the package ships)."""
+    path = package_data.resolve(path)
     fix = _STATS_FIX.format(block=block, dim=expected_dim)
     if not path.is_file():
         raise FileNotFoundError(f"action stats file {path} does not exist; {fix}")

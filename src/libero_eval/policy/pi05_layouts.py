@@ -1,7 +1,7 @@
 """π0.5 checkpoint layout specimens of each lineage (no weights), for tests and builders.
 
 Each is laid out as the real checkpoint of its lineage is, with this project's made-up test
-statistics (``config/stats/pi05_libero_norm_stats.json``) instead of the real ones:
+statistics (``libero_eval:stats/pi05_libero_norm_stats.json``) instead of the real ones:
 
 - ``pi05_libero_lerobot/``: ``config.json`` as LeRobot 0.6.1's ``PI05Config`` saves it for
   LIBERO (``input_features`` ``observation.images.image`` / ``image2`` at 256x256 and an 8-D
@@ -23,7 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-STATS = Path(__file__).resolve().parents[3] / "config" / "stats" / "pi05_libero_norm_stats.json"
+from libero_eval import package_data
+
+STATS = package_data.path("stats/pi05_libero_norm_stats.json")
 
 
 def norm_map(mode: str = "QUANTILES") -> dict[str, str]:

@@ -60,12 +60,12 @@ from libero_eval.policy.adapters.pi05_run import check_pi05_run_config
 from libero_eval.policy.errors import PolicyResponseError
 from libero_eval.policy.pi05_checkpoint import Pi05Layout, read_checkpoint
 
-# policy.pi05's fields restricted to a list of values, as config/schema.yaml lists them (once).
+# policy.pi05's fields restricted to a list of values, as data/schema.yaml lists them (once).
 CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices("policy", "pi05")
 APIS = CHOICES["api"]
 OPENPI_SERVER_HORIZON = 10  # openpi pi05_libero answers [10, 7] (action_horizon=10)
-TEST_STATS = "config/stats/pi05_libero_norm_stats.json"  # made-up values of the right format
-# policy.pi05's fields and defaults, as config/schema.yaml writes them (once).
+TEST_STATS = "libero_eval:stats/pi05_libero_norm_stats.json"  # made-up values of the right format
+# policy.pi05's fields and defaults, as src/libero_eval/data/schema.yaml writes them (once).
 DEFAULTS: dict[str, Any] = settings_schema.defaults("policy", "pi05")
 _POSITIVE_INTS = ("num_inference_steps", "replan_steps", "image_size")
 _OPTIONAL_INTS = ("action_horizon", "model_action_dim")
