@@ -11,6 +11,17 @@ from sglang_side import SglangSide, start_or_skip
 from snakemake.utils import validate
 
 REPO = Path(__file__).resolve().parents[1]
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
+
+
+def workflow_dir(path: Path) -> Path:
+    """A private working directory for Snakemake: the workflow's files linked in, so that its
+    results/, logs/ and .snakemake/ (metadata, locks) are the test's, never the checkout's."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        (path / name).symlink_to(REPO / name)
+    return path
+
 
 # One finished episode's result row, as the episode store holds it (every RESULT_SCHEMA column).
 EPISODE_RECORD: dict[str, Any] = {

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import make_record
+from conftest import make_record, workflow_dir
 from snakemake.utils import validate
 
 from libero_eval.aggregate import write_summary
@@ -58,8 +58,7 @@ def finished_record(episode: Episode) -> dict:
 @pytest.fixture
 def workdir(tmp_path) -> Path:
     """A private working directory with one finished episode record already in its store."""
-    for name in ("Snakefile", "workflow", "config", "profiles"):
-        (tmp_path / name).symlink_to(REPO / name)
+    workflow_dir(tmp_path)
     record = tmp_path / "results/bad_input/episodes/abc/libero_spatial/task00_init00.json"
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps(finished_record(EPISODES[0])))
