@@ -21,7 +21,6 @@ from typing import Literal
 
 import numpy as np
 from PIL import Image
-from scipy.spatial.transform import Rotation
 
 from libero_eval import package_data
 
@@ -199,6 +198,8 @@ def rot6d_to_axis_angle(r6: np.ndarray, method: Orthonormalization = "gram_schmi
     """rot6d ``[..., 6]`` -> rotation vectors (axis * angle, angle in [0, pi]) ``[..., 3]``."""
     matrices = rot6d_to_matrix(r6, method)
     lead = matrices.shape[:-2]
+    from scipy.spatial.transform import Rotation  # lazy: the config check needs none
+
     rotvec = Rotation.from_matrix(matrices.reshape(-1, 3, 3)).as_rotvec()
     return rotvec.reshape(*lead, 3)
 
@@ -209,6 +210,8 @@ def axis_angle_to_rot6d(rotvec: np.ndarray) -> np.ndarray:
     if rotvec.ndim == 0 or rotvec.shape[-1] != 3:
         raise ValueError(f"axis-angle must have shape [..., 3], got {rotvec.shape}")
     lead = rotvec.shape[:-1]
+    from scipy.spatial.transform import Rotation
+
     matrices = Rotation.from_rotvec(rotvec.reshape(-1, 3)).as_matrix()
     return matrix_to_rot6d(matrices.reshape(*lead, 3, 3))
 
