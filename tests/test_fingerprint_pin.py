@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from random_checkpoint import pi05_layouts
 from snakemake.utils import validate
-
-from libero_eval.policy import pi05_layouts
 
 REPO = Path(__file__).resolve().parents[1]
 # Fixed paths (not tmp_path): a checkpoint's resolved path is part of the fingerprint.

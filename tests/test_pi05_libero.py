@@ -49,7 +49,7 @@ def url():
 
 
 def test_a_pi05_episode_runs_over_the_websocket_with_checked_state_and_images(tmp_path, url):
-    settings, store = pi05_shard(tmp_path, api="sglang_websocket")
+    settings, store = pi05_shard(tmp_path, api="sglang_websocket", norm_stats_path=str(STATS))
     (record,) = run_shard([EPISODE], settings, store, url, tmp_path / "s.parquet", progress=False)
     assert record["error"] is None
     assert record["protocol"] == "openpi"
