@@ -22,7 +22,14 @@ from pathlib import Path
 import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_STATS = REPO_ROOT / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+DEFAULT_STATS = (
+    REPO_ROOT
+    / "src"
+    / "libero_eval"
+    / "data"
+    / "stats"
+    / "libero_native_frame_wise_relative_rot6d.json"
+)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -24,7 +24,14 @@ from libero_eval.policy import codec
 from libero_eval.policy.adapters import Observation, make_adapter
 from libero_eval.policy.client import HttpConnection
 
-STATS = Path(__file__).resolve().parents[1] / "config" / "stats" / "pi05_libero_norm_stats.json"
+STATS = (
+    Path(__file__).resolve().parents[1]
+    / "src"
+    / "libero_eval"
+    / "data"
+    / "stats"
+    / "pi05_libero_norm_stats.json"
+)
 
 
 def observation(rng: np.random.Generator) -> Observation:

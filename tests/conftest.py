@@ -1,5 +1,6 @@
 """Fixtures and builders shared by the test files."""
 
+import sys
 import tempfile
 from functools import cache
 from pathlib import Path
@@ -11,6 +12,20 @@ from sglang_side import SglangSide, start_or_skip
 from snakemake.utils import validate
 
 REPO = Path(__file__).resolve().parents[1]
+# the π0.5 layout specimens (`random_checkpoint.pi05_layouts`) are test material in tools/, not
+# in the package
+sys.path.insert(0, str(REPO / "tools"))
+WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
+
+
+def workflow_dir(path: Path) -> Path:
+    """A private working directory for Snakemake: the workflow's files linked in, so that its
+    results/, logs/ and .snakemake/ (metadata, locks) are the test's, never the checkout's."""
+    path.mkdir(parents=True, exist_ok=True)
+    for name in WORKFLOW_FILES:
+        (path / name).symlink_to(REPO / name)
+    return path
+
 
 # One finished episode's result row, as the episode store holds it (every RESULT_SCHEMA column).
 EPISODE_RECORD: dict[str, Any] = {
@@ -47,7 +62,7 @@ def pi05_checkpoint(lineage: str, **layout: Any) -> Path:
     """A π0.5 checkpoint directory laid out as its lineage's real one is (config files,
     statistics and tokenizer stand-ins; no weights), written once per test session.
     ``layout``: e.g. ``chunk_size`` / ``action_horizon``, LeRobot's ``normalization``."""
-    from libero_eval.policy import pi05_layouts
+    from random_checkpoint import pi05_layouts
 
     root = Path(tempfile.mkdtemp(prefix=f"pi05_{lineage}_"))
     write = {"lerobot": pi05_layouts.write_lerobot, "openpi": pi05_layouts.write_openpi}[lineage]
@@ -67,7 +82,7 @@ def default_config(monkeypatch) -> dict:
     (relative paths resolve from the repository root)."""
     monkeypatch.chdir(REPO)
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     return config
 
 

@@ -14,7 +14,9 @@ from libero_eval.policy import actions as am
 
 STATS_PATH = (
     Path(__file__).resolve().parents[1]
-    / "config"
+    / "src"
+    / "libero_eval"
+    / "data"
     / "stats"
     / "libero_native_frame_wise_relative_rot6d.json"
 )

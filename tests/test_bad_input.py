@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import make_record
+from conftest import make_record, workflow_dir
 from snakemake.utils import validate
 
 from libero_eval.aggregate import write_summary
@@ -34,7 +34,7 @@ EPISODES = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
 def full_config(**sections) -> dict:
     """A config with every default filled in by the schema, as the workflow sees it."""
     config = {"run_id": "bad_input", **sections}
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     return config
 
 
@@ -58,8 +58,7 @@ def finished_record(episode: Episode) -> dict:
 @pytest.fixture
 def workdir(tmp_path) -> Path:
     """A private working directory with one finished episode record already in its store."""
-    for name in ("Snakefile", "workflow", "config", "profiles"):
-        (tmp_path / name).symlink_to(REPO / name)
+    workflow_dir(tmp_path)
     record = tmp_path / "results/bad_input/episodes/abc/libero_spatial/task00_init00.json"
     record.parent.mkdir(parents=True)
     record.write_text(json.dumps(finished_record(EPISODES[0])))
@@ -127,7 +126,9 @@ def test_nonexistent_model_path_is_named_with_the_fix(workdir):
 
 def test_stats_file_of_the_wrong_shape_is_named_with_the_fix(workdir):
     stats = json.loads(
-        (REPO / "config/stats/libero_native_frame_wise_relative_rot6d.json").read_text()
+        (
+            REPO / "src/libero_eval/data/stats/libero_native_frame_wise_relative_rot6d.json"
+        ).read_text()
     )
     stats["global_raw"]["q01"] = stats["global_raw"]["q01"][:7]  # LIBERO's 7-D, not Cosmos3's 10
     (workdir / "stats7.json").write_text(json.dumps(stats))

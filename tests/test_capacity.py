@@ -24,8 +24,10 @@ from libero_eval.reference.settings import ReferenceServerSettings
 from libero_eval.service import capacity_of, read_service_file
 
 REPO = Path(__file__).resolve().parents[1]
-COSMOS3_STATS = REPO / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
-PI05_STATS = REPO / "config" / "stats" / "pi05_libero_norm_stats.json"
+COSMOS3_STATS = (
+    REPO / "src" / "libero_eval" / "data" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+)
+PI05_STATS = REPO / "src" / "libero_eval" / "data" / "stats" / "pi05_libero_norm_stats.json"
 FIXED, PER_ITEM = 0.05, 0.02
 
 

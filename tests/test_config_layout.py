@@ -24,7 +24,7 @@ def old_layout(config: dict) -> dict:
 
 def fingerprint(config: dict) -> str:
     settings.check_family_fields(config)
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     return settings.RunSettings(config).fingerprint
 
 
@@ -96,7 +96,7 @@ def test_the_workflow_reads_an_old_layout_overlay_and_prints_the_deprecation(tmp
     from test_cosmos3_config import dry_run, overlay
 
     old = overlay(tmp_path, policy={"family": "cosmos3", "num_inference_steps": 30})
-    result = dry_run(REPO / "config" / "config.yaml", old)
+    result = dry_run(tmp_path, REPO / "config" / "config.yaml", old)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     assert "Config warning: policy.num_inference_steps: deprecated layout" in out

@@ -21,7 +21,9 @@ from libero_eval.policy.connection import policy_connection_spec
 
 STATS_PATH = (
     Path(__file__).resolve().parents[1]
-    / "config"
+    / "src"
+    / "libero_eval"
+    / "data"
     / "stats"
     / "libero_native_frame_wise_relative_rot6d.json"
 )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import workflow_dir
 
 from libero_eval.rollout.protocols import get_protocol
 
@@ -16,11 +17,13 @@ REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "config" / "libero_spatial_cosmos3_sglang.yaml"
 
 
-def dry_run(*configfiles: Path) -> subprocess.CompletedProcess:
+def dry_run(tmp_path: Path, *configfiles: Path) -> subprocess.CompletedProcess:
+    """`snakemake -n` in a private working directory (never the checkout's .snakemake/)."""
     # One --configfile flag with several files: they merge in order (a repeated flag would not).
     args = [sys.executable, "-m", "snakemake", "-n", "-p", "--cores", "128", "--configfile"]
     args += [str(configfile) for configfile in configfiles]
-    return subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    work = workflow_dir(tmp_path / "work")
+    return subprocess.run(args, cwd=work, capture_output=True, text=True, timeout=300)
 
 
 @pytest.fixture
@@ -39,7 +42,7 @@ def overlay(tmp_path, **sections) -> Path:
 
 def test_seed_dry_run_has_one_sglang_server_per_gpu_and_its_shards(tmp_path, model_dir):
     paths = overlay(tmp_path, server={"sglang": {"model_path": str(model_dir)}})
-    result = dry_run(SEED, paths)
+    result = dry_run(tmp_path, SEED, paths)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out, flags=re.M))
@@ -86,6 +89,6 @@ def test_bad_seed_overrides_name_the_field(tmp_path, model_dir, sections, messag
     sections.setdefault("server", {}).setdefault("sglang", {}).setdefault(
         "model_path", str(model_dir)
     )
-    result = dry_run(SEED, overlay(tmp_path, **sections))
+    result = dry_run(tmp_path, SEED, overlay(tmp_path, **sections))
     assert result.returncode != 0
     assert message in result.stdout + result.stderr

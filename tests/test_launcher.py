@@ -239,7 +239,7 @@ def test_reference_flags_become_the_reference_servers_own_settings():
 
     configured = {
         "policy": "scripted",
-        "action_stats_path": "config/stats/libero_native_frame_wise_relative_rot6d.json",
+        "action_stats_path": "libero_eval:stats/libero_native_frame_wise_relative_rot6d.json",
         "normalization": "quantile",
         "max_batch_size": 3,
         "padded_action_dim": 32,
@@ -247,7 +247,7 @@ def test_reference_flags_become_the_reference_servers_own_settings():
         "latency_per_item_s": 0.125,
         "model_name": "reference-scripted",
         "family": "pi05",
-        "norm_stats_path": "config/stats/pi05_libero_norm_stats.json",
+        "norm_stats_path": "libero_eval:stats/pi05_libero_norm_stats.json",
     }
     settings = ServerSettings.from_dict(
         {"backend": "reference", "slot": 0, "port": 31234, "reference": configured}

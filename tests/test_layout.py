@@ -17,7 +17,16 @@ PACKAGE = SRC / "libero_eval"
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     (
         "base",
-        ("libero_eval", "settings_schema", "suites", "eventlog", "faults", "published", "service"),
+        (
+            "libero_eval",
+            "package_data",
+            "settings_schema",
+            "suites",
+            "eventlog",
+            "faults",
+            "published",
+            "service",
+        ),
     ),
     ("episodes", ("plan", "store")),
     ("policy", ("policy",)),

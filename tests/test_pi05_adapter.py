@@ -17,7 +17,7 @@ from libero_eval.policy.client import PolicyResponseError
 from libero_eval.policy.connection import policy_connection_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-STATS = REPO_ROOT / "config" / "stats" / "pi05_libero_norm_stats.json"
+STATS = REPO_ROOT / "src" / "libero_eval" / "data" / "stats" / "pi05_libero_norm_stats.json"
 
 
 def observation(seed: int = 0) -> Observation:
@@ -280,3 +280,13 @@ def test_a_lerobot_checkpoint_says_which_normalization_it_uses(tmp_path):
     assert (
         adapter(norm_stats_path=str(tmp_path), normalization="zscore").stats.state_mode == "zscore"
     )
+
+
+def test_without_a_checkpoint_or_statistics_the_adapter_names_the_field_and_the_fix():
+    """No made-up fallback: a run with nothing to normalize with is refused."""
+    with pytest.raises(ValueError) as error:
+        Pi05Adapter({"pi05": {"api": "sglang_http"}})
+    message = str(error.value)
+    assert message.startswith("policy.pi05.norm_stats_path: no statistics to normalize with")
+    assert "Set policy.pi05.norm_stats_path" in message
+    assert "libero_eval:stats/pi05_libero_norm_stats.json" in message

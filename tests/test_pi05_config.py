@@ -55,7 +55,7 @@ def _deep_update(target: dict, source: dict) -> None:
 
 def checked(config: dict) -> dict:
     settings.check_family_fields(config)
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     settings.check_config(config)
     return config
 
@@ -132,7 +132,7 @@ def test_fingerprints_separate_families_and_keep_cosmos3s():
 
 def test_pi05_sglang_dry_run_has_one_pi05_server_per_gpu(tmp_path):
     paths = overlay(tmp_path, plan={"suites": ["libero_spatial"]}, **local_checkpoint())
-    result = dry_run(SGLANG_CONFIG, paths)
+    result = dry_run(tmp_path, SGLANG_CONFIG, paths)
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out, flags=re.M))
@@ -145,7 +145,7 @@ def test_pi05_sglang_dry_run_has_one_pi05_server_per_gpu(tmp_path):
 
 def test_the_workflow_refuses_a_cosmos3_field_in_a_pi05_config(tmp_path):
     result = dry_run(
-        SGLANG_CONFIG, overlay(tmp_path, policy={"size": "320x192"}, **local_checkpoint())
+        tmp_path, SGLANG_CONFIG, overlay(tmp_path, policy={"size": "320x192"}, **local_checkpoint())
     )
     assert result.returncode != 0
     assert (

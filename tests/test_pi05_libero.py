@@ -35,7 +35,7 @@ def pi05_shard(tmp_path, **pi05):
             "send_privileged_state": True,
         },
     }
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     return RunSettings(config).shard_settings("shard000", 0, 1), EpisodeStore(tmp_path / "episodes")
 
 
@@ -49,7 +49,7 @@ def url():
 
 
 def test_a_pi05_episode_runs_over_the_websocket_with_checked_state_and_images(tmp_path, url):
-    settings, store = pi05_shard(tmp_path, api="sglang_websocket")
+    settings, store = pi05_shard(tmp_path, api="sglang_websocket", norm_stats_path=str(STATS))
     (record,) = run_shard([EPISODE], settings, store, url, tmp_path / "s.parquet", progress=False)
     assert record["error"] is None
     assert record["protocol"] == "openpi"

@@ -135,7 +135,9 @@ def test_todays_default_layout_fails_against_a_lerobot_checkpoint(sglang_side):
     """What the project sent before it read checkpoints: openpi's camera names and a 32-wide
     state. SGLang refuses the state; and narrowed to 8 values, both cameras arrive blank."""
     checkpoint = pi05_checkpoint("lerobot")
-    default = make_adapter("pi05", {"pi05": {}})
+    default = make_adapter(
+        "pi05", {"pi05": {"norm_stats_path": "libero_eval:stats/pi05_libero_norm_stats.json"}}
+    )
     with pytest.raises(SglangValueError, match="state dim must be <= 8, got 32"):
         parse(sglang_side, default, checkpoint)
     parsed = parse(sglang_side, make_adapter("pi05", {"pi05": {"pad_state_to": None}}), checkpoint)
@@ -166,7 +168,7 @@ def test_a_configured_value_that_contradicts_the_checkpoint_is_refused_naming_bo
 
 
 def test_an_openpi_conversion_without_chunk_size_is_refused(tmp_path):
-    from libero_eval.policy.pi05_layouts import openpi_config, write_openpi
+    from random_checkpoint.pi05_layouts import openpi_config, write_openpi
 
     write_openpi(tmp_path)
     config = openpi_config()
@@ -179,7 +181,9 @@ def test_an_openpi_conversion_without_chunk_size_is_refused(tmp_path):
 def test_the_reference_server_refuses_what_a_lerobot_checkpoint_would_not_see():
     """The self-test's server, standing in for a LeRobot checkpoint, names the convention."""
     model = reference.Pi05Model.load(pi05_checkpoint("lerobot"))
-    default = make_adapter("pi05", {"pi05": {}})
+    default = make_adapter(
+        "pi05", {"pi05": {"norm_stats_path": "libero_eval:stats/pi05_libero_norm_stats.json"}}
+    )
     with pytest.raises(reference.Pi05RequestError, match="unknown image key.*blank images"):
         reference.parse_request(default.build_request([observation()], "r"), model, websocket=False)
     narrowed = make_adapter(

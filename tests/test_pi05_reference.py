@@ -20,7 +20,9 @@ from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 
 REPO = Path(__file__).resolve().parents[1]
-COSMOS3_STATS = REPO / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+COSMOS3_STATS = (
+    REPO / "src" / "libero_eval" / "data" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+)
 HOLD = np.array([0, 0, 0, 0, 0, 0, -1.0])  # the hold policy's action: still, gripper open
 
 

@@ -26,7 +26,7 @@ from libero_eval.report import success_table_html
 from libero_eval.store import RESULT_COLUMNS, write_results
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEMA = str(REPO / "config" / "schema.yaml")
+SCHEMA = str(REPO / "src" / "libero_eval" / "data" / "schema.yaml")
 
 
 def records(counts: dict[str, tuple[int, int]]) -> list[dict]:

@@ -20,7 +20,7 @@ from random_checkpoint import specs  # noqa: E402
 
 from libero_eval.policy import openpi_transforms as T  # noqa: E402
 
-STATS = REPO_ROOT / "config" / "stats" / "pi05_libero_norm_stats.json"
+STATS = REPO_ROOT / "src" / "libero_eval" / "data" / "stats" / "pi05_libero_norm_stats.json"
 
 # One side-environment process: SGLang imports once (about 10 s), builds the tiny checkpoints
 # on the CPU, loads each with SGLang's loaders, and sizes the true architectures on the meta

@@ -34,7 +34,14 @@ from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-STATS_PATH = REPO_ROOT / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+STATS_PATH = (
+    REPO_ROOT
+    / "src"
+    / "libero_eval"
+    / "data"
+    / "stats"
+    / "libero_native_frame_wise_relative_rot6d.json"
+)
 GENERATIONS = "/v1/actions/generations"
 PADDED_DIM = 12
 MSGPACK = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}

@@ -26,7 +26,9 @@ from libero_eval.plan import Episode, make_shards, plan_episodes, plan_table
 from libero_eval.store import RESULT_COLUMNS, EpisodeStore, write_frame
 
 REPO = Path(__file__).resolve().parents[1]
-STATS = REPO / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+STATS = (
+    REPO / "src" / "libero_eval" / "data" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+)
 
 
 def assert_chart_png(path: Path) -> None:

@@ -3,7 +3,6 @@ correspond; and perturbed suites loaded and stepped for real through the whole w
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
+from conftest import workflow_dir
 from PIL import Image
 
 from libero_eval.report.robustness import write_robustness
@@ -132,30 +132,26 @@ def test_swap_and_distractor_suites_run_end_to_end_with_the_robustness_report(tm
             }
         )
     )
-    try:
-        result = subprocess.run(
-            [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(configfile)],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        assert result.returncode == 0, result.stderr[-3000:]
-        results = REPO / "results" / run_id
-        episodes = pd.read_parquet(results / "summary" / "episodes.parquet")
-        assert episodes["error"].isna().all(), episodes["error"].tolist()
-        assert set(episodes["suite"]) == {
-            "libero_spatial",
-            "libero_spatial_swap",
-            "libero_spatial_with_mug",
-        }
-        assert episodes["base_suite"].eq("libero_spatial").all()
-        assert episodes["success_once"].all(), episodes[["suite", "steps"]].to_dict("records")
-        report = results / "report"
-        assert (report / "robustness.png").stat().st_size > 0
-        table = pd.read_csv(report / "robustness.csv")
-        assert set(table["suite"]) == {"libero_spatial_swap", "libero_spatial_with_mug"}
-        assert table["paired"].all()
-    finally:
-        shutil.rmtree(REPO / "results" / run_id, ignore_errors=True)
-        shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "--cores", "2", "--configfile", str(configfile)],
+        cwd=workflow_dir(tmp_path / "work"),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = tmp_path / "work" / "results" / run_id
+    episodes = pd.read_parquet(results / "summary" / "episodes.parquet")
+    assert episodes["error"].isna().all(), episodes["error"].tolist()
+    assert set(episodes["suite"]) == {
+        "libero_spatial",
+        "libero_spatial_swap",
+        "libero_spatial_with_mug",
+    }
+    assert episodes["base_suite"].eq("libero_spatial").all()
+    assert episodes["success_once"].all(), episodes[["suite", "steps"]].to_dict("records")
+    report = results / "report"
+    assert (report / "robustness.png").stat().st_size > 0
+    table = pd.read_csv(report / "robustness.csv")
+    assert set(table["suite"]) == {"libero_spatial_swap", "libero_spatial_with_mug"}
+    assert table["paired"].all()

@@ -7,7 +7,7 @@ import yaml
 from libero_eval.schema_doc import render
 
 REPO = Path(__file__).resolve().parents[1]
-SCHEMA = yaml.safe_load((REPO / "config" / "schema.yaml").read_text())
+SCHEMA = yaml.safe_load((REPO / "src" / "libero_eval" / "data" / "schema.yaml").read_text())
 
 
 def leaves(schema, prefix=""):
@@ -28,4 +28,6 @@ def test_every_field_has_a_type_a_default_and_a_description():
 
 
 def test_config_readme_is_generated_from_the_schema():
-    assert (REPO / "config" / "README.md").read_text() == render(REPO / "config" / "schema.yaml")
+    assert (REPO / "config" / "README.md").read_text() == render(
+        REPO / "src" / "libero_eval" / "data" / "schema.yaml"
+    )

@@ -26,7 +26,9 @@ from libero_eval.reference.policies.scripted import (
 
 STATS_PATH = (
     Path(__file__).resolve().parents[1]
-    / "config"
+    / "src"
+    / "libero_eval"
+    / "data"
     / "stats"
     / "libero_native_frame_wise_relative_rot6d.json"
 )

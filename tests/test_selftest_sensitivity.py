@@ -36,7 +36,7 @@ pytestmark = pytest.mark.libero
 
 STATS = (
     Path(__file__).resolve().parents[1]
-    / "config/stats/libero_native_frame_wise_relative_rot6d.json"
+    / "src/libero_eval/data/stats/libero_native_frame_wise_relative_rot6d.json"
 )
 RAW = load_action_stats(STATS, "global_raw")
 GLOBAL = load_action_stats(STATS, "global")

@@ -149,7 +149,7 @@ def test_every_reference_setting_reaches_the_server_unchanged():
     """Config JSON → serve job → argv → the server's parser → ReferenceServerSettings."""
     values = {
         "policy": "scripted",
-        "action_stats_path": Path("config/stats/libero_native_frame_wise_relative_rot6d.json"),
+        "action_stats_path": Path("libero_eval:stats/libero_native_frame_wise_relative_rot6d.json"),
         "policy_kwargs": {"speed": 0.5},
         "normalization": "quantile",
         "max_batch_size": 3,
@@ -158,7 +158,7 @@ def test_every_reference_setting_reaches_the_server_unchanged():
         "latency_per_item_s": 0.125,
         "model_name": "reference-x",
         "family": "pi05",
-        "norm_stats_path": Path("config/stats/pi05_libero_norm_stats.json"),
+        "norm_stats_path": Path("libero_eval:stats/pi05_libero_norm_stats.json"),
     }
     assert set(values) == reference_fields()  # a new field must be added here too
     as_json = {k: str(v) if isinstance(v, Path) else copy.deepcopy(v) for k, v in values.items()}
@@ -209,7 +209,7 @@ def test_every_slots_server_settings_cross_to_the_serve_job_unchanged(name, monk
     monkeypatch.chdir(repo)
     config = yaml.safe_load((repo / "config" / name).read_text())
     check_family_fields(config)
-    validate(config, str(repo / "config" / "schema.yaml"))
+    validate(config, str(repo / "src" / "libero_eval" / "data" / "schema.yaml"))
     run = RunSettings(config)
     for slot in range(config["server"]["num_slots"]):
         settings = run.server(slot)

@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 def full_config(plan: dict) -> dict:
     """A config with every default filled in by the schema, as the workflow sees it."""
     config = {"run_id": "suites", "plan": plan, "rollout": {"send_privileged_state": True}}
-    validate(config, str(REPO / "config" / "schema.yaml"))
+    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
     return config
 
 

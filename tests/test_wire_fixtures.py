@@ -17,7 +17,14 @@ from libero_eval.reference.settings import ReferenceServerSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "sglang"
-STATS_PATH = REPO_ROOT / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+STATS_PATH = (
+    REPO_ROOT
+    / "src"
+    / "libero_eval"
+    / "data"
+    / "stats"
+    / "libero_native_frame_wise_relative_rot6d.json"
+)
 GENERATIONS = "/v1/actions/generations"
 ERROR_FILES = sorted((FIXTURES / "errors").glob("*.json"))
 REQUEST_FILES = ["envelope_request.json", "raw_request.json"]

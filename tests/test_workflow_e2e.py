@@ -1,7 +1,6 @@
 """The whole workflow, end to end: real Snakemake jobs, a real HTTP policy server, real LIBERO."""
 
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -12,6 +11,7 @@ import pandas as pd
 import psutil
 import pytest
 import yaml
+from conftest import workflow_dir
 
 from libero_eval.service import capacity_of
 
@@ -39,14 +39,15 @@ class Run:
         return alive
 
 
-def run_workflow(configfile: Path, *extra: str, cores: int = 2) -> Run:
-    """Run snakemake, polling its process tree so leftover servers/env workers can be counted.
+def run_workflow(workdir: Path, configfile: Path, *extra: str, cores: int = 2) -> Run:
+    """Run snakemake in `workdir` (its own results/, logs/ and .snakemake/), polling its
+    process tree so leftover servers/env workers can be counted.
 
     Extra config files go right after `configfile` (one --configfile flag merges them in order).
     """
     proc = subprocess.Popen(
         [*SNAKEMAKE, "--cores", str(cores), "--configfile", str(configfile), *extra],
-        cwd=REPO,
+        cwd=workdir,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -72,6 +73,12 @@ def run_workflow(configfile: Path, *extra: str, cores: int = 2) -> Run:
 
 
 @pytest.fixture
+def workdir(tmp_path) -> Path:
+    """The runs' private working directory (tests/conftest.py `workflow_dir`)."""
+    return workflow_dir(tmp_path / "work")
+
+
+@pytest.fixture
 def short_run(tmp_path):
     """A 2-task x 2-init-state evaluation with 32-step episodes under its own run id."""
     run_id = f"pytest_e2e_{tmp_path.name}"
@@ -85,16 +92,14 @@ def short_run(tmp_path):
             }
         )
     )
-    yield run_id, configfile
-    shutil.rmtree(REPO / "results" / run_id, ignore_errors=True)
-    shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
+    return run_id, configfile
 
 
-def test_demo_shaped_run_end_to_end_then_nothing_to_do(short_run):
+def test_demo_shaped_run_end_to_end_then_nothing_to_do(workdir, short_run):
     run_id, configfile = short_run
-    first = run_workflow(configfile)
+    first = run_workflow(workdir, configfile)
     assert first.returncode == 0, first.stderr[-3000:]
-    results = REPO / "results" / run_id
+    results = workdir / "results" / run_id
 
     # One Parquet row per planned episode, with the schema's values filled in.
     episodes = pd.read_parquet(results / "summary" / "episodes.parquet")
@@ -120,7 +125,7 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do(short_run):
     assert per_task["num_trajectories"].tolist() == [2, 2]
 
     # Milestones in the seed's order.
-    log = (REPO / "logs" / run_id / "eval_embodiment.log").read_text()
+    log = (workdir / "logs" / run_id / "eval_embodiment.log").read_text()
     order = [
         log.index("server launch"),
         log.index("[serve slot=0] capacity: batch 1 in"),  # measured before it is ready
@@ -142,12 +147,12 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do(short_run):
     assert first.survivors() == []
 
     # Running the same command again does no work.
-    second = run_workflow(configfile)
+    second = run_workflow(workdir, configfile)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Nothing to be done" in second.stdout + second.stderr
 
 
-def test_large_plan_dry_run_shows_one_server_per_slot(tmp_path):
+def test_large_plan_dry_run_shows_one_server_per_slot(tmp_path, workdir):
     configfile = tmp_path / "full.yaml"
     configfile.write_text(
         yaml.safe_dump(
@@ -164,7 +169,7 @@ def test_large_plan_dry_run_shows_one_server_per_slot(tmp_path):
         )
     )
     # Each slot's group (server + 2 shards x 2 envs) needs 4 cores: a 32-core node runs 8.
-    dry = run_workflow(configfile, "-n", "--quiet", "rules", cores=32)
+    dry = run_workflow(workdir, configfile, "-n", "--quiet", "rules", cores=32)
     assert dry.returncode == 0, dry.stderr[-3000:]
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.stdout + dry.stderr, flags=re.M))
     assert counts["serve"] == "8"
@@ -190,42 +195,37 @@ def selftest_overlay(tmp_path, run_id: str, **policy) -> Path:
 @pytest.fixture
 def selftest_runs(tmp_path):
     run_ids = [f"pytest_selftest_ok_{tmp_path.name}", f"pytest_selftest_bad_{tmp_path.name}"]
-    yield run_ids
-    for run_id in run_ids:
-        shutil.rmtree(REPO / "results" / run_id, ignore_errors=True)
-        shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
+    return run_ids
 
 
 def test_selftest_passes_with_the_expert_and_fails_loudly_on_a_wrong_convention(
-    tmp_path, selftest_runs
+    tmp_path, workdir, selftest_runs
 ):
     ok_run, bad_run = selftest_runs
     defaults, selftest = REPO / "config" / "config.yaml", REPO / "config" / "selftest.yaml"
 
-    good = run_workflow(defaults, str(selftest), str(selftest_overlay(tmp_path, ok_run)))
+    good = run_workflow(workdir, defaults, str(selftest), str(selftest_overlay(tmp_path, ok_run)))
     assert good.returncode == 0, good.stderr[-3000:]
-    episodes = pd.read_parquet(REPO / "results" / ok_run / "summary" / "episodes.parquet")
+    episodes = pd.read_parquet(workdir / "results" / ok_run / "summary" / "episodes.parquet")
     assert episodes["success_once"].all(), episodes[["suite", "task_id", "steps"]]
-    assert "self-test passed" in (REPO / "results" / ok_run / "selftest.txt").read_text()
+    assert "self-test passed" in (workdir / "results" / ok_run / "selftest.txt").read_text()
 
     # De-normalizing with the `global` block instead of `global_raw`: every episode fails.
     bad = run_workflow(
+        workdir,
         defaults,
         str(selftest),
         str(selftest_overlay(tmp_path, bad_run, normalization="quantile")),
     )
     assert bad.returncode != 0
     assert "SELF-TEST FAILED: the scripted expert succeeded on 0% of 4 episodes" in bad.stderr
-    assert not (REPO / "results" / bad_run / "selftest.txt").exists()
+    assert not (workdir / "results" / bad_run / "selftest.txt").exists()
 
 
 @pytest.fixture
 def throughput_runs(tmp_path):
     run_ids = [f"pytest_envs1_{tmp_path.name}", f"pytest_envs3_{tmp_path.name}"]
-    yield run_ids
-    for run_id in run_ids:
-        shutil.rmtree(REPO / "results" / run_id, ignore_errors=True)
-        shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
+    return run_ids
 
 
 def throughput_overlay(
@@ -250,7 +250,7 @@ def throughput_overlay(
 
 
 def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuses_all(
-    tmp_path, throughput_runs
+    tmp_path, workdir, throughput_runs
 ):
     """The scripted expert on 6 episodes with 1 env per shard and LIBERO's hard reset, and with
     3 and the fast reset: the same outcomes, steps and seeds per episode. Then the first run
@@ -259,10 +259,10 @@ def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuse
     frames = []
     for run_id, envs, reset_mode in zip(throughput_runs, (1, 3), ("hard", "fast"), strict=True):
         overlay = throughput_overlay(tmp_path / f"{run_id}.yaml", run_id, envs, reset_mode)
-        run = run_workflow(defaults, str(overlay), cores=4)
+        run = run_workflow(workdir, defaults, str(overlay), cores=4)
         assert run.returncode == 0, run.stderr[-3000:]
         frames.append(
-            pd.read_parquet(REPO / "results" / run_id / "summary" / "episodes.parquet")
+            pd.read_parquet(workdir / "results" / run_id / "summary" / "episodes.parquet")
             .sort_values(["task_id", "init_state_id"])
             .reset_index(drop=True)
         )
@@ -274,15 +274,15 @@ def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuse
 
     # Run 1 again with 3 envs per shard and fast resets: every finished episode is reused.
     again = throughput_overlay(tmp_path / "again.yaml", throughput_runs[0], 3)
-    rerun = run_workflow(defaults, str(again), cores=4)
+    rerun = run_workflow(workdir, defaults, str(again), cores=4)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
     after = pd.read_parquet(
-        REPO / "results" / throughput_runs[0] / "summary" / "episodes.parquet"
+        workdir / "results" / throughput_runs[0] / "summary" / "episodes.parquet"
     ).sort_values(["task_id", "init_state_id"])
     assert after["finished_at"].tolist() == frames[0]["finished_at"].tolist()
 
 
-def test_three_seeds_show_their_spread_and_a_fourth_seed_runs_only_its_episodes(tmp_path):
+def test_three_seeds_show_their_spread_and_a_fourth_seed_runs_only_its_episodes(tmp_path, workdir):
     """1 task x 1 init state x 3 seeds of 16 steps (hold policy), then a fourth seed appended."""
     run_id = f"pytest_seeds_{tmp_path.name}"
     configfile = tmp_path / "config.yaml"
@@ -293,37 +293,31 @@ def test_three_seeds_show_their_spread_and_a_fourth_seed_runs_only_its_episodes(
         "rollout": {"send_privileged_state": False, "max_steps": 16, "envs_per_shard": 2},
     }
     configfile.write_text(yaml.safe_dump(config))
-    results, logs = REPO / "results" / run_id, REPO / "logs" / run_id
-    try:
-        first = run_workflow(configfile)
-        assert first.returncode == 0, first.stderr[-3000:]
-        episodes = pd.read_parquet(results / "summary" / "episodes.parquet")
-        assert sorted(episodes["seed"]) == [0, 1, 2]
-        assert episodes["episode_seed"].nunique() == 3  # each seed its own reset stream
-        store = next((results / "episodes").iterdir()) / "libero_spatial"
-        assert sorted(p.name for p in store.iterdir()) == [
-            f"task00_init00_seed{s}.json" for s in (0, 1, 2)
-        ]
-        per_seed = pd.read_csv(results / "summary" / "per_seed.csv")
-        assert sorted(per_seed[per_seed["level"] == "overall"]["seed"]) == [0, 1, 2]
-        per_suite = pd.read_csv(results / "summary" / "per_suite.csv")
-        assert (per_suite["num_seeds"] == 3).all() and (
-            per_suite["success_once_seed_std"] == 0
-        ).all()
-        assert "## Seeds" in (results / "summary" / "summary.md").read_text()
-        assert "<h2>Seeds</h2>" in (results / "report" / "success_table.html").read_text()
-        assert (results / "report" / "success_by_seed.png").stat().st_size > 0
-        before = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
+    results, logs = workdir / "results" / run_id, workdir / "logs" / run_id
+    first = run_workflow(workdir, configfile)
+    assert first.returncode == 0, first.stderr[-3000:]
+    episodes = pd.read_parquet(results / "summary" / "episodes.parquet")
+    assert sorted(episodes["seed"]) == [0, 1, 2]
+    assert episodes["episode_seed"].nunique() == 3  # each seed its own reset stream
+    store = next((results / "episodes").iterdir()) / "libero_spatial"
+    assert sorted(p.name for p in store.iterdir()) == [
+        f"task00_init00_seed{s}.json" for s in (0, 1, 2)
+    ]
+    per_seed = pd.read_csv(results / "summary" / "per_seed.csv")
+    assert sorted(per_seed[per_seed["level"] == "overall"]["seed"]) == [0, 1, 2]
+    per_suite = pd.read_csv(results / "summary" / "per_suite.csv")
+    assert (per_suite["num_seeds"] == 3).all() and (per_suite["success_once_seed_std"] == 0).all()
+    assert "## Seeds" in (results / "summary" / "summary.md").read_text()
+    assert "<h2>Seeds</h2>" in (results / "report" / "success_table.html").read_text()
+    assert (results / "report" / "success_by_seed.png").stat().st_size > 0
+    before = {p.name: p.stat().st_mtime_ns for p in store.iterdir()}
 
-        config["plan"]["seeds"] = [0, 1, 2, 3]
-        configfile.write_text(yaml.safe_dump(config))
-        second = run_workflow(configfile)
-        assert second.returncode == 0, second.stderr[-3000:]
-        assert {p.name: p.stat().st_mtime_ns for p in store.iterdir() if p.name in before} == before
-        assert (store / "task00_init00_seed3.json").is_file()
-        log = (logs / "eval_embodiment.log").read_text()
-        assert "(1 to run, 3 already finished" in log
-        assert len(pd.read_parquet(results / "summary" / "episodes.parquet")) == 4
-    finally:
-        shutil.rmtree(results, ignore_errors=True)
-        shutil.rmtree(logs, ignore_errors=True)
+    config["plan"]["seeds"] = [0, 1, 2, 3]
+    configfile.write_text(yaml.safe_dump(config))
+    second = run_workflow(workdir, configfile)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert {p.name: p.stat().st_mtime_ns for p in store.iterdir() if p.name in before} == before
+    assert (store / "task00_init00_seed3.json").is_file()
+    log = (logs / "eval_embodiment.log").read_text()
+    assert "(1 to run, 3 already finished" in log
+    assert len(pd.read_parquet(results / "summary" / "episodes.parquet")) == 4

@@ -14,8 +14,15 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = REPO_ROOT / "config" / "schema.yaml"
-STATS = REPO_ROOT / "config" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
+SCHEMA = REPO_ROOT / "src" / "libero_eval" / "data" / "schema.yaml"
+STATS = (
+    REPO_ROOT
+    / "src"
+    / "libero_eval"
+    / "data"
+    / "stats"
+    / "libero_native_frame_wise_relative_rot6d.json"
+)
 CHUNK = 16
 
 

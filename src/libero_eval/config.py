@@ -1,9 +1,9 @@
 """From a validated config dict to what each job needs: the one place a config is read.
 
-The workflow validates the config against `config/schema.yaml` (which also fills defaults)
-and then calls `check_config`, which makes the checks a schema cannot make (every error names
-the config field and the fix) and returns the run's `RunSettings`. A job process builds its
-`RunSettings` once from the same config; everything a job needs is derived from it: the
+The workflow validates the config against the package's `data/schema.yaml` (which also fills
+defaults) and then calls `check_config`, which makes the checks a schema cannot make (every
+error names the config field and the fix) and returns the run's `RunSettings`. A job process
+builds its `RunSettings` once from the same config; everything a job needs is derived from it: the
 episode protocol, the shards, the envs per shard, a slot's server settings, a shard's
 settings, the policy adapter (which loads and hashes the statistics file, once) and the
 rollout fingerprint. `docs/design.md` walks two fields from the config to their use.
@@ -18,7 +18,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from libero_eval import settings_schema
+from libero_eval import package_data, settings_schema
 from libero_eval import suites as suite_catalog
 from libero_eval.plan import Episode, Shard, check_seeds, make_shards, plan_episodes, read_shard
 from libero_eval.policy.adapters import ADAPTERS, PolicyAdapter, make_adapter
@@ -42,7 +42,7 @@ class ConfigDeprecationWarning(FutureWarning):
     """A config key of an older layout, still read; the message names the old and new key."""
 
 
-# Each family's own settings section, ``policy.<family>`` (config/schema.yaml).
+# Each family's own settings section, ``policy.<family>`` (src/libero_eval/data/schema.yaml).
 FAMILIES = tuple(settings_schema.section("policy", "family")["enum"])
 # Backends whose server is a GPU process run by a command of its own (not the reference).
 GPU_BACKENDS = ("sglang", "openpi")
@@ -209,7 +209,7 @@ def reference_pi05_model(config: dict[str, Any]) -> str:
     checkpoint = pi05_checkpoint(config)
     if checkpoint is not None and (Path(checkpoint) / "config.json").is_file():
         return str(checkpoint)
-    return config["server"]["reference"]["norm_stats_path"]
+    return str(package_data.resolve(config["server"]["reference"]["norm_stats_path"]))
 
 
 def run_seeds(config: dict[str, Any]) -> list[int] | None:
@@ -342,7 +342,7 @@ def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
 def _sha256(path: str | Path) -> str | None:
     """Content hash of the reference server's statistics file (or of the norm_stats.json in a
     directory, or a checkpoint's config.json); the client's are hashed by its adapter."""
-    path = Path(path)
+    path = package_data.resolve(path)
     if path.is_dir() and (path / "norm_stats.json").is_file():
         path = path / "norm_stats.json"
     elif path.is_dir() and (path / "config.json").is_file():
@@ -378,6 +378,7 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
     # (reference.settings.ReferenceServerSettings); norm_stats_path is π0.5's only
     reference = {k: v for k, v in server["reference"].items() if k != "norm_stats_path"}
     reference["model_name"] = f"reference-{reference['policy']}"
+    reference["action_stats_path"] = str(package_data.resolve(reference["action_stats_path"]))
     if config["policy"]["family"] == "pi05":
         reference.update(family="pi05", norm_stats_path=reference_pi05_model(config))
     return ServerSettings.from_dict(

@@ -8,8 +8,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
+# pandas only where plan.csv is written or read: Snakemake plans at parse time without it
+if TYPE_CHECKING:
+    import pandas as pd
 
 from libero_eval import suites as suite_catalog
 
@@ -161,6 +164,8 @@ def make_shards(episodes: Sequence[Episode], num_slots: int, shards_per_slot: in
 
 def read_shard(plan_csv: str | Path, name: str) -> Shard:
     """Shard `name` as `plan_table` wrote it to `plan_csv` (its episodes in the file's order)."""
+    import pandas as pd
+
     table = pd.read_csv(plan_csv)
     rows = table[table["shard"] == name]
     if rows.empty:
@@ -182,6 +187,8 @@ def plan_table(shards: Iterable[Shard]) -> pd.DataFrame:
         for shard in shards
         for ep in shard.episodes
     ]
+    import pandas as pd
+
     keys = ["suite", "task_id", "init_state_id"]
     columns = [*keys, *(["seed"] if seeded else []), "shard", "slot"]
     order = ["suite", *(["seed"] if seeded else []), "init_state_id", "task_id"]

@@ -27,10 +27,12 @@ import difflib
 import html
 import math
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-from scipy.stats import binomtest, fisher_exact
+# pandas and scipy.stats are imported where a check runs, not with the module: the config
+# check (`check_published_config`) needs neither, and Snakemake imports it at parse time.
+if TYPE_CHECKING:
+    import pandas as pd
 
 OVERALL = "overall"
 COLUMNS = [
@@ -61,6 +63,8 @@ def published_test(
         raise ValueError(f"need 0 <= successes <= trials and trials >= 1, got {successes}/{trials}")
     if not 0 <= rate <= 1:
         raise ValueError(f"published rate must be a fraction in [0, 1], got {rate}")
+    from scipy.stats import binomtest, fisher_exact
+
     if n is None:
         return "binomial", float(binomtest(successes, trials, rate).pvalue)
     if n < 1:
@@ -118,6 +122,8 @@ def published_checks(
 
     `overall` is compared with the run's pooled overall row only when the run evaluated exactly
     the suites `published` lists; otherwise its verdict says why it is not comparable."""
+    import pandas as pd
+
     if not published:
         return pd.DataFrame(columns=COLUMNS)
     evaluated = sorted(table.loc[table["level"] == "suite", "suite"])
@@ -167,6 +173,8 @@ def published_checks(
 
 def _cells(checks: pd.DataFrame, decimals: int) -> list[dict[str, str]]:
     """Display strings per check row, shared by the Markdown and HTML tables."""
+    import pandas as pd
+
     cells = []
     for r in checks.itertuples(index=False):
         if pd.isna(r.trials):
@@ -234,6 +242,8 @@ def published_html(
     """The same section as an HTML fragment ("" when nothing is published)."""
     if not len(checks):
         return ""
+    import pandas as pd
+
     measured_header, note = _heading(checks, confidence, alpha)
     frame = pd.DataFrame(_cells(checks, decimals)).rename(columns={"measured": measured_header})
     table = frame.to_html(index=False, border=0, na_rep="", escape=True)

@@ -1,6 +1,7 @@
-"""Render config/schema.yaml as the Markdown config reference (config/README.md).
+"""Render the config schema (the package's ``data/schema.yaml``, or the file named) as the
+Markdown config reference (config/README.md).
 
-Usage: ``python -m libero_eval.schema_doc config/schema.yaml > config/README.md``.
+Usage: ``python -m libero_eval.schema_doc > config/README.md``.
 """
 
 from __future__ import annotations
@@ -12,10 +13,13 @@ from typing import Any
 
 import yaml
 
+from libero_eval import package_data
+
 HEADER = """# Configuration reference
 
-Generated from `config/schema.yaml` by `python -m libero_eval.schema_doc config/schema.yaml >
-config/README.md` (a test keeps it in sync). The workflow validates the config against the
+Generated from `src/libero_eval/data/schema.yaml` (package data: the workflow and the package
+read this one file) by `python -m libero_eval.schema_doc > config/README.md` (a test keeps it in
+sync). The workflow validates the config against the
 schema, fills in the defaults, then checks what a schema cannot (files exist, the stats file
 has the block the normalization needs, `num_frames == num_action_chunks + 1`, ...). Every
 error names the field and the fix.
@@ -70,4 +74,6 @@ def render(schema_path: Path) -> str:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(render(Path(sys.argv[1] if len(sys.argv) > 1 else "config/schema.yaml")))
+    sys.stdout.write(
+        render(Path(sys.argv[1]) if len(sys.argv) > 1 else package_data.path("schema.yaml"))
+    )

@@ -1,6 +1,7 @@
-"""config/schema.yaml, read once: the one place a config field's name, type and default are
-written. Code that needs a default (an adapter built without a validated config, the report
-given a partial config) takes it from here rather than writing it again."""
+"""The config schema (``libero_eval/data/schema.yaml``, package data), read once: the one
+place a config field's name, type and default are written. Code that needs a default (an
+adapter built without a validated config, the report given a partial config) takes it from here
+rather than writing it again."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from typing import Any
 
 import yaml
 
-SCHEMA_PATH = Path(__file__).resolve().parents[2] / "config" / "schema.yaml"
+from libero_eval import package_data
+
+# src/libero_eval/data/schema.yaml in the repository (Snakemake's `validate` reads it there)
+SCHEMA_PATH: Path = package_data.path("schema.yaml")
 
 
 @cache

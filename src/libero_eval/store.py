@@ -16,14 +16,18 @@ import sys
 import tempfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from libero_eval.plan import Episode
 from libero_eval.suites import base_suite
+
+# pandas where results are read or written as frames: the rollout fingerprint and the
+# episode store's records need none, and Snakemake imports this module at parse time.
+if TYPE_CHECKING:
+    import pandas as pd
 
 RESULT_SCHEMA = pa.schema(
     [
@@ -169,6 +173,8 @@ def write_results(records: Sequence[dict[str, Any]], path: Path | str) -> None:
 
 def read_results(paths: Iterable[Path | str]) -> pd.DataFrame:
     """Concatenate shard tables, checking each against the schema with a clear error."""
+    import pandas as pd
+
     frames = []
     for path in paths:
         try:
@@ -196,16 +202,16 @@ def read_results(paths: Iterable[Path | str]) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-_NULLABLE = {
-    pa.int32(): pd.Int32Dtype(),
-    pa.int64(): pd.Int64Dtype(),
-    pa.bool_(): pd.BooleanDtype(),
-}
-
-
 def _to_pandas(table: pa.Table) -> pd.DataFrame:
     """Nullable integer columns stay integers (first_success_step may be null)."""
-    return table.to_pandas(types_mapper=_NULLABLE.get)
+    import pandas as pd
+
+    nullable = {
+        pa.int32(): pd.Int32Dtype(),
+        pa.int64(): pd.Int64Dtype(),
+        pa.bool_(): pd.BooleanDtype(),
+    }
+    return table.to_pandas(types_mapper=nullable.get)
 
 
 def write_frame(frame: pd.DataFrame, path: Path | str) -> None:

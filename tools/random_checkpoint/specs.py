@@ -3,7 +3,7 @@
 Everything here is what a checkpoint directory says about itself: Cosmos3's diffusers
 ``model_index.json`` and component configs, and π0.5's ``config.json`` in the two lineages
 SGLang 0.5.23 serves (LeRobot, and openpi converted to PyTorch), taken from the project's
-layout specimens (``libero_eval.policy.pi05_layouts``) with the size's model variants.
+layout specimens (``pi05_layouts``) with the size's model variants.
 """
 
 from __future__ import annotations
@@ -160,16 +160,10 @@ def _variants(size: str) -> tuple[str, str]:
 
 
 def _layouts():
-    """The project's π0.5 layout specimens (``libero_eval.policy.pi05_layouts``: pure Python
-    and numpy), imported from the repository's ``src/`` when the package is not installed
-    (the SGLang side environment)."""
-    try:
-        from libero_eval.policy import pi05_layouts
-    except ImportError:
-        import sys
+    """The project's π0.5 layout specimens (``pi05_layouts`` beside this module: pure Python
+    and numpy)."""
+    from . import pi05_layouts
 
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
-        from libero_eval.policy import pi05_layouts
     return pi05_layouts
 
 

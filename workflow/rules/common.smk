@@ -15,7 +15,7 @@ try:
         print(f"Config warning: {deprecation}", file=sys.stderr)
 except ConfigError as error:
     raise WorkflowError(f"Invalid config: {error}")
-validate(config, schema="../../config/schema.yaml")
+validate(config, schema="../../src/libero_eval/data/schema.yaml")
 try:
     # Everything the rules need from the config, each part derived once (libero_eval.config).
     SETTINGS = check_config(config)

@@ -21,7 +21,8 @@ from typing import Literal
 
 import numpy as np
 from PIL import Image
-from scipy.spatial.transform import Rotation
+
+from libero_eval import package_data
 
 MODEL_ACTION_DIM = 10
 LIBERO_ACTION_DIM = 7
@@ -39,7 +40,7 @@ GripperMapping = Literal["binary", "continuous"]
 
 _STATS_FIX = (
     "use a Cosmos3 LIBERO stats file with a '{block}' block holding q01 and q99 lists of "
-    "{dim} finite numbers (e.g. config/stats/libero_native_frame_wise_relative_rot6d.json)"
+    "{dim} finite numbers (e.g. libero_eval:stats/libero_native_frame_wise_relative_rot6d.json)"
 )
 
 
@@ -77,8 +78,9 @@ def stats_block_for(normalization: str) -> str:
 def load_action_stats(
     path: str | Path, block: str = "global_raw", expected_dim: int = MODEL_ACTION_DIM
 ) -> ActionStats:
-    """Load and validate ``block``'s q01/q99 vectors from a Cosmos3 action stats JSON file."""
-    path = Path(path)
+    """Load and validate ``block``'s q01/q99 vectors from a Cosmos3 action stats JSON file
+    (a path, or ``libero_eval:<name>`` for a file the package ships)."""
+    path = package_data.resolve(path)
     fix = _STATS_FIX.format(block=block, dim=expected_dim)
     if not path.is_file():
         raise FileNotFoundError(f"action stats file {path} does not exist; {fix}")
@@ -196,6 +198,8 @@ def rot6d_to_axis_angle(r6: np.ndarray, method: Orthonormalization = "gram_schmi
     """rot6d ``[..., 6]`` -> rotation vectors (axis * angle, angle in [0, pi]) ``[..., 3]``."""
     matrices = rot6d_to_matrix(r6, method)
     lead = matrices.shape[:-2]
+    from scipy.spatial.transform import Rotation  # lazy: the config check needs none
+
     rotvec = Rotation.from_matrix(matrices.reshape(-1, 3, 3)).as_rotvec()
     return rotvec.reshape(*lead, 3)
 
@@ -206,6 +210,8 @@ def axis_angle_to_rot6d(rotvec: np.ndarray) -> np.ndarray:
     if rotvec.ndim == 0 or rotvec.shape[-1] != 3:
         raise ValueError(f"axis-angle must have shape [..., 3], got {rotvec.shape}")
     lead = rotvec.shape[:-1]
+    from scipy.spatial.transform import Rotation
+
     matrices = Rotation.from_rotvec(rotvec.reshape(-1, 3)).as_matrix()
     return matrix_to_rot6d(matrices.reshape(*lead, 3, 3))
 

@@ -31,6 +31,8 @@ from typing import Any, Literal
 import numpy as np
 from PIL import Image
 
+from libero_eval import package_data
+
 LIBERO_STATE_DIM = 8  # eef_pos (3) + axis-angle (3) + gripper qpos (2)
 LIBERO_ACTION_DIM = 7
 OPENPI_EPS = 1e-6
@@ -44,7 +46,7 @@ _STATS_FIX = (
     "use the checkpoint's own statistics: openpi's assets/<asset_id>/norm_stats.json "
     '({"norm_stats": {"state": {"mean", "std", "q01", "q99"}, "actions": {...}}}), a LeRobot '
     "normalizer *.safetensors file or a LeRobot stats.json (e.g. "
-    "config/stats/pi05_libero_norm_stats.json for tests)"
+    "libero_eval:stats/pi05_libero_norm_stats.json for tests)"
 )
 
 
@@ -256,9 +258,10 @@ def load_norm_stats(path: str | Path) -> NormStats:
     """Load a checkpoint's state/action statistics.
 
     Accepts openpi's ``norm_stats.json`` (or the ``assets/<asset_id>/`` directory holding it),
-    a LeRobot normalizer ``*.safetensors`` file, or a LeRobot ``stats.json``.
+    a LeRobot normalizer ``*.safetensors`` file, or a LeRobot ``stats.json``; a path, or
+    ``libero_eval:<name>`` for a file the package ships.
     """
-    path = Path(path)
+    path = package_data.resolve(path)
     modes: dict[str, str] = {}
     if path.is_dir() and (normalizer := _lerobot_normalizer(path)) is not None:
         path, norm_map = normalizer

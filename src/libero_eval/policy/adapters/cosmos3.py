@@ -30,16 +30,16 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image
 
-from libero_eval import settings_schema
+from libero_eval import package_data, settings_schema
 from libero_eval.policy import actions as action_math
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
 from libero_eval.policy.errors import PolicyResponseError
 
-# Every `policy.cosmos3.*` field, as config/schema.yaml lists them (once); all but
+# Every `policy.cosmos3.*` field, as src/libero_eval/data/schema.yaml lists them (once); all but
 # guidance_scale are required.
 POLICY_FIELDS = settings_schema.fields("policy", "cosmos3")
 REQUIRED_SETTINGS = tuple(key for key in POLICY_FIELDS if key != "guidance_scale")
-# the fields restricted to a list of values, as config/schema.yaml lists them (once); the
+# the fields restricted to a list of values, as the schema (data/schema.yaml) lists them (once); the
 # action math's own lists must agree (tests/test_settings_defined_once.py)
 CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices("policy", "cosmos3")
 
@@ -106,20 +106,20 @@ class Cosmos3Adapter(PolicyAdapter):
                 f"policy.cosmos3.num_action_chunks + 1 ({chunks + 1}); Cosmos3 predicts "
                 "num_frames - 1 actions"
             )
-        stats_path = Path(cosmos3["action_stats_path"])
+        stats_path = package_data.resolve(cosmos3["action_stats_path"])
         if not stats_path.is_file():
             raise ValueError(
                 f"policy.cosmos3.action_stats_path: {stats_path} does not exist (relative paths "
                 f"start at {Path.cwd()}); point it at a Cosmos3 action-stats JSON such as "
-                "config/stats/libero_native_frame_wise_relative_rot6d.json"
+                "libero_eval:stats/libero_native_frame_wise_relative_rot6d.json"
             )
         if server["backend"] == "reference":
-            reference_stats = Path(server["reference"]["action_stats_path"])
+            reference_stats = package_data.resolve(server["reference"]["action_stats_path"])
             if not reference_stats.is_file():
                 raise ValueError(
                     f"server.reference.action_stats_path: {reference_stats} does not exist; "
                     "point it at the model's action-stats JSON, e.g. "
-                    "config/stats/libero_native_frame_wise_relative_rot6d.json"
+                    "libero_eval:stats/libero_native_frame_wise_relative_rot6d.json"
                 )
         if server["backend"] == "sglang":
             model_path = server["sglang"]["model_path"]

@@ -60,12 +60,10 @@ from libero_eval.policy.adapters.pi05_run import check_pi05_run_config
 from libero_eval.policy.errors import PolicyResponseError
 from libero_eval.policy.pi05_checkpoint import Pi05Layout, read_checkpoint
 
-# policy.pi05's fields restricted to a list of values, as config/schema.yaml lists them (once).
+# policy.pi05's fields restricted to a list of values, as data/schema.yaml lists them (once).
 CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices("policy", "pi05")
-APIS = CHOICES["api"]
 OPENPI_SERVER_HORIZON = 10  # openpi pi05_libero answers [10, 7] (action_horizon=10)
-TEST_STATS = "config/stats/pi05_libero_norm_stats.json"  # made-up values of the right format
-# policy.pi05's fields and defaults, as config/schema.yaml writes them (once).
+# policy.pi05's fields and defaults, as src/libero_eval/data/schema.yaml writes them (once).
 DEFAULTS: dict[str, Any] = settings_schema.defaults("policy", "pi05")
 _POSITIVE_INTS = ("num_inference_steps", "replan_steps", "image_size")
 _OPTIONAL_INTS = ("action_horizon", "model_action_dim")
@@ -344,13 +342,21 @@ class Pi05SglangAdapter(Pi05Adapter):
                 )
             stats_path = layout.stats_path
         elif stats_path is None:
-            if layout.source is not None:
-                raise ValueError(
-                    f"the checkpoint {layout.source} carries no statistics (LeRobot: "
-                    "policy_preprocessor.json and its normalizer safetensors; openpi: "
-                    "assets/<asset_id>/norm_stats.json): set policy.pi05.norm_stats_path"
-                )
-            stats_path = TEST_STATS
+            where = (
+                f"the checkpoint {layout.source} carries none (LeRobot: "
+                "policy_preprocessor.json and its normalizer safetensors; openpi: "
+                "assets/<asset_id>/norm_stats.json, which openpi's converter does not copy: "
+                "docs/pi05.md)"
+                if layout.source is not None
+                else "there is no checkpoint (policy.pi05.checkpoint, server.sglang.model_path)"
+            )
+            raise ValueError(
+                f"policy.pi05.norm_stats_path: no statistics to normalize with: {where}. Set "
+                "policy.pi05.norm_stats_path to the model's own (openpi's "
+                "assets/<asset_id>/norm_stats.json, a LeRobot normalizer *.safetensors or "
+                "stats.json); against the CPU reference server, its made-up test file "
+                "libero_eval:stats/pi05_libero_norm_stats.json"
+            )
         try:
             self.stats = T.load_norm_stats(stats_path)
         except (OSError, ValueError) as exc:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
+
+from libero_eval import package_data
 
 PI05_PIPELINE_CLASS = "Pi05Pipeline"
 
@@ -44,9 +45,9 @@ def check_pi05_run_config(config: dict[str, Any]) -> None:
                 "directory (its config.json decides the cameras, state width and chunk size)"
             )
     else:
-        stats = Path(server["reference"]["norm_stats_path"])
+        stats = package_data.resolve(server["reference"]["norm_stats_path"])
         if not stats.exists():
             raise ValueError(
                 f"server.reference.norm_stats_path: {stats} does not exist; point it at the "
-                "model's own π0.5 statistics, e.g. config/stats/pi05_libero_norm_stats.json"
+                "model's own π0.5 statistics, e.g. libero_eval:stats/pi05_libero_norm_stats.json"
             )

@@ -1,7 +1,8 @@
-"""π0.5 checkpoint layout specimens of each lineage (no weights), for tests and builders.
+"""π0.5 checkpoint layout specimens of each lineage (no weights), for the tests and this
+builder: test material, kept out of the ``libero_eval`` package. Pure Python and numpy.
 
 Each is laid out as the real checkpoint of its lineage is, with this project's made-up test
-statistics (``config/stats/pi05_libero_norm_stats.json``) instead of the real ones:
+statistics (``src/libero_eval/data/stats/pi05_libero_norm_stats.json``) instead of the real ones:
 
 - ``pi05_libero_lerobot/``: ``config.json`` as LeRobot 0.6.1's ``PI05Config`` saves it for
   LIBERO (``input_features`` ``observation.images.image`` / ``image2`` at 256x256 and an 8-D
@@ -23,7 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-STATS = Path(__file__).resolve().parents[3] / "config" / "stats" / "pi05_libero_norm_stats.json"
+# the repository's made-up test statistics (the package data of libero_eval; read from the
+# checkout, so that the SGLang side environment, without libero_eval, can build with them)
+STATS = (
+    Path(__file__).resolve().parents[2] / "src/libero_eval/data/stats/pi05_libero_norm_stats.json"
+)
 
 
 def norm_map(mode: str = "QUANTILES") -> dict[str, str]:
