@@ -38,6 +38,8 @@ def latency(n: int) -> float:
 def run_settings(config: dict, family: str = "cosmos3", max_batch: int = 4) -> RunSettings:
     config = copy.deepcopy(config)
     config["policy"]["family"] = family
+    if family == "pi05":  # no checkpoint: the made-up test statistics, named explicitly
+        config["policy"]["pi05"]["norm_stats_path"] = str(PI05_STATS)
     config["server"]["reference"].update(
         max_batch_size=max_batch, latency_fixed_s=FIXED, latency_per_item_s=PER_ITEM
     )
