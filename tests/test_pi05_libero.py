@@ -4,6 +4,7 @@ state and image checks hold on real observations, and fail loudly for wrong stat
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from snakemake.utils import validate
@@ -18,7 +19,7 @@ from libero_eval.rollout.runner import ShardFailed, run_shard
 from libero_eval.store import EpisodeStore
 
 pytestmark = pytest.mark.libero
-REPO = STATS.parents[2]
+REPO = Path(__file__).resolve().parents[1]
 EPISODE = Episode("libero_spatial", 0, 0)
 
 
@@ -92,3 +93,51 @@ def test_each_lineage_runs_against_a_server_standing_in_for_its_checkpoint(tmp_p
         )
     assert record["error"] is None
     assert record["policy_calls"] == 4  # 20 policy steps, replanning every 5
+
+
+def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outcome_changes(
+    tmp_path,
+):
+    """SGLang merges π0.5's one-observation requests that reach it together: with the
+    server's merge size known (its capacity probe), the shard sends a batch's requests at
+    once. The dispatch changes timing only: the episodes' outcomes are those of a shard that
+    sends every observation on its own, to a server that does not merge."""
+    episodes = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
+    # a server slower than the envs (3 s a batch), so that a batch waits for both envs
+    merging = {"max_batch_size": 2, "latency_fixed_s": 3.0, "latency_per_item_s": 0.0}
+    probes = [
+        {"observations": 1, "requests": 1, "seconds": 3.0},
+        {"observations": 2, "requests": 2, "seconds": 3.0},
+    ]
+    capacity = {"max_batch_size": 2, "probes": probes, "obs_per_s": 0.67}
+    outcomes, logs = [], []
+    for name, server_capacity, model in (("alone", None, {}), ("merged", capacity, merging)):
+        server = ReferenceServerSettings(
+            action_stats_path=COSMOS3_STATS,
+            policy="scripted",
+            family="pi05",
+            norm_stats_path=STATS,
+            **model,
+        )
+        settings, store = pi05_shard(tmp_path / name, norm_stats_path=str(STATS))
+        settings.envs_per_shard = 2
+        settings.batch_timeout_s = 10.0  # the idle server's hold is then its fixed cost, 3 s
+        with serve_in_thread(server) as base_url:
+            records = run_shard(
+                episodes,
+                settings,
+                store,
+                base_url,
+                tmp_path / name / "s.parquet",
+                progress=False,
+                dispatch_log=tmp_path / name / "dispatch.json",
+                capacity=server_capacity,
+            )
+        outcomes.append([(r["success_once"], r["steps"], r["first_success_step"]) for r in records])
+        logs.append(json.loads((tmp_path / name / "dispatch.json").read_text()))
+    assert outcomes[0] == outcomes[1]
+    alone, merged = logs
+    assert alone["server_batch"] == 1 and merged["server_batch"] == 2
+    assert {size for _, _, size, _ in merged["requests"]} == {1}  # one observation each
+    sent = [sent_at for sent_at, _, _, _ in merged["requests"]]
+    assert len(sent) == 8 and len(set(sent)) == 4  # both envs' requests left together

@@ -221,15 +221,19 @@ class ShardRunner:
         max_batch_size: int = 1,
         faults: Faults | None = None,
         latency: LatencyModel | None = None,
+        server_batch: int = 1,
     ):
-        """`latency`: the server's latency model, measured at its start (None: learned from
-        the first answer)."""
+        """`max_batch_size`: observations one request may carry; `server_batch`: the batch
+        the server computes, larger where it merges concurrent requests itself (π0.5 on
+        SGLang); `latency`: its latency model, measured at its start (None: learned from the
+        first answer)."""
         self.settings = settings
         self.latency = latency
         self.dispatch_log = DispatchLog()
         self.faults = faults
         self._faults: NoFaults = NO_FAULTS  # the hooks of a run (libero_eval.faults)
-        self.max_batch_size = max_batch_size
+        self.max_batch_size = max(1, max_batch_size)
+        self.server_batch = max(self.max_batch_size, server_batch)
         self.store = store
         self.url = server_url
         self.adapter = settings.adapter
@@ -303,19 +307,32 @@ class ShardRunner:
             EnvWorker(i, s.env, s.protocol, inject_faults=self._faults.injects_env_faults)
             for i in range(min(s.envs_per_shard, len(pending)))
         ]
-        batch = max(1, self.max_batch_size)
+        # A server that merges requests itself (SGLang's dynamic batching) merges any prompts
+        # (an action request's prompt is not in its batch signature: sglang/multimodal_gen/
+        # configs/sample/action.py): one queue, a batch of `server_batch` sent as that many
+        # requests at once, so that they reach the server together and merge into one.
+        self._merged = self.server_batch > self.max_batch_size
         # the state of this run, shared by the loop's steps below
         self._workers = workers
         self._scheduler = EpisodeScheduler(
-            pending, batch, done_before, total, s.max_episode_attempts, self.progress
+            pending,
+            1 if self._merged else self.max_batch_size,
+            done_before,
+            total,
+            s.max_episode_attempts,
+            self.progress,
         )
-        self.max_inflight = s.max_inflight_requests or -(-len(workers) // batch)
-        self._dispatcher = Dispatcher(batch, self.max_inflight, s.batch_timeout_s, self.latency)
+        self.max_inflight = s.max_inflight_requests or -(-len(workers) // self.server_batch)
+        self._dispatcher = Dispatcher(
+            self.server_batch, self.max_inflight, s.batch_timeout_s, self.latency
+        )
         self._ready: dict[int, Observation] = {}  # workers' observations waiting for actions
-        self._sent_at: dict[int, float] = {}  # request id -> when it left (monotonic)
+        self._sent_at: dict[int, float] = {}  # batch id -> when it left (monotonic)
+        self._parts: dict[int, int] = {}  # batch id -> its requests not yet answered
         self._prompt_of_task: dict[tuple[str, int], Any] = {}  # seen prompts, for siblings
         self._bad_in_a_row = 0  # consecutive unusable policy answers
-        pool = _CallPool(max(1, self.max_inflight), self._call_policy)
+        parts = -(-self.server_batch // self.max_batch_size)
+        pool = _CallPool(max(1, self.max_inflight * parts), self._call_policy)
         fatal: BaseException | None = None
         try:
             for worker in workers:
@@ -406,7 +423,7 @@ class ShardRunner:
         else:
             info.task_language = result.task_language
             now = time.monotonic()
-            key = self.adapter.prompt_key(result)
+            key = "" if self._merged else self.adapter.prompt_key(result)
             self._prompt_of_task[(info.episode.suite, info.episode.task_id)] = key
             self._ready[worker.index] = result
             self._dispatcher.ready(worker.index, key, now)
@@ -426,10 +443,13 @@ class ShardRunner:
                 )
             except queue.Empty:
                 return
-            self._dispatcher.answered(request, answered_at)
             self.dispatch_log.request(
-                self._sent_at.pop(request), answered_at, len(batch), status == Status.OK
+                self._sent_at[request], answered_at, len(batch), status == Status.OK
             )
+            self._parts[request] -= 1
+            if not self._parts[request]:  # the whole batch is back
+                del self._parts[request], self._sent_at[request]
+                self._dispatcher.answered(request, answered_at)
             self._check_server(status, value)
             for position, (index, _obs) in enumerate(batch):
                 worker = self._workers[index]
@@ -476,8 +496,14 @@ class ShardRunner:
                     coming[key] = coming.get(key, 0) + 1
         now = time.monotonic()
         for request, indices in self._dispatcher.due(now, coming):
-            self._sent_at[request] = now
-            pool.submit((request, [(index, self._ready.pop(index)) for index in indices]))
+            batch = [(index, self._ready.pop(index)) for index in indices]
+            parts = [
+                batch[i : i + self.max_batch_size]
+                for i in range(0, len(batch), self.max_batch_size)
+            ]
+            self._sent_at[request], self._parts[request] = now, len(parts)
+            for part in parts:
+                pool.submit((request, part))
 
 
 def run_shard(
@@ -534,6 +560,8 @@ def run_shard(
         max_batch_size=max_batch,
         faults=active_faults(),
         latency=LatencyModel.from_capacity(capacity),
+        # the batch the server computes: larger than a request's where it merges requests
+        server_batch=int((capacity or {}).get("max_batch_size", max_batch)),
     )
     try:
         records = runner.run(episodes)
@@ -550,6 +578,7 @@ def run_shard(
                 "server_url": server_url,
                 "envs": min(settings.envs_per_shard, len(pending)),
                 "max_batch_size": max_batch,
+                "server_batch": runner.server_batch,
                 "max_inflight_requests": getattr(runner, "max_inflight", 0),
                 "reused_episodes": len(episodes) - len(pending),
                 "episodes_run": len(pending),
