@@ -37,7 +37,7 @@ def dispatch(shard="shard000", slot=0, requests=(), waiting=0.0, stepping=0.0, *
         "max_inflight_requests": 2,
         "started_at": T0,
         "ended_at": T0 + 100,
-        "requests": [[T0 + s, T0 + a, n, ok] for s, a, n, ok in requests],
+        "requests": [[T0 + r[0], T0 + r[1], *r[2:]] for r in requests],
         "env_seconds": {"waiting": waiting, "stepping": stepping},
         "reused_episodes": 0,
         "episodes_run": 2,
@@ -71,7 +71,7 @@ def test_one_slot_figures_with_overlapping_requests_and_a_failure():
     assert row["duty"] == pytest.approx(0.7)
     assert row["latency_p50_s"] == 2.0 and row["latency_p95_s"] == 2.0  # ok requests only
     assert row["latency_mean_s"] == 2.0
-    assert row["envs_waiting"] == 1.5 and row["envs_stepping"] == 2.0
+    assert row["envs_waiting"] == 0.15 and row["envs_stepping"] == 0.2  # over the shard's 100 s
     assert row["capacity_obs_per_s"] == 4.0
     assert row["capacity_fraction"] == pytest.approx(0.15)
 
@@ -93,7 +93,7 @@ def test_shards_of_one_slot_merge_and_slots_stay_apart():
     zero, one = table.to_dict("records")
     assert zero["shards"] == "shard000 shard001" and zero["envs"] == 8
     assert zero["span_s"] == 4.0 and zero["obs_per_s"] == 2.0 and zero["duty"] == 0.5
-    assert zero["envs_waiting"] == 2.0 and zero["envs_stepping"] == 4.0
+    assert zero["envs_waiting"] == 0.08 and zero["envs_stepping"] == 0.16
     assert zero["capacity_fraction"] == 0.5
     assert one["obs_per_s"] == 1.0 and one["duty"] == 1.0 and one["batch_fill"] == 0.5
     assert math.isnan(one["capacity_fraction"]) and one["warning"] == ""  # unknown, no guess
@@ -210,8 +210,8 @@ def test_the_aggregate_step_writes_the_csv_the_markdown_section_and_log_lines(tm
     shards.mkdir()
     servers.mkdir()
     logs = {
-        "shard000": dispatch("shard000", 0, [(0, 2, 4, True), (2, 4, 4, True)], 8, 8),
-        "shard001": dispatch("shard001", 1, [(0, 2, 4, True), (6, 8, 4, True)], 8, 8),
+        "shard000": dispatch("shard000", 0, [(0, 2, 4, True), (2, 4, 4, True)], 200, 200),
+        "shard001": dispatch("shard001", 1, [(0, 2, 4, True), (6, 8, 4, True)], 200, 200),
     }
     for name, log in logs.items():
         (shards / f"{name}.dispatch.json").write_text(json.dumps(log))
@@ -288,3 +288,12 @@ def test_the_report_page_shows_each_slot_and_its_warning(tmp_path):
     assert "<td>http://127.0.0.1:30000</td>" in page and "<td>http://127.0.0.1:30001</td>" in page
     assert "<td>unknown</td>" in page and "<td>25%</td>" in page  # slot 0 unknown, slot 1 1/4
     assert "<h2>Warnings</h2>" in page and "slot 1 ran at 25%" in page
+
+
+def test_merged_requests_fill_the_server_batch_they_were_sent_in():
+    # π0.5: one observation per request, 4 requests a server batch (batch ids 1 and 2)
+    requests = [(0, 1, 1, True, 1)] * 4 + [(1, 2, 1, True, 2)] * 2
+    log = dispatch(requests=requests, max_batch_size=1, server_batch=4)
+    row = slot_efficiency([log], None)
+    assert row["requests"] == 6 and row["server_batch"] == 4
+    assert row["mean_batch"] == 3.0 and row["batch_fill"] == 0.75

@@ -57,6 +57,7 @@ COLUMNS = (
     "server_url",
     "envs",
     "max_batch_size",
+    "server_batch",
     "episodes_run",
     "reused_episodes",
     "requests",
@@ -136,10 +137,11 @@ def read_dispatch_log(path: Path | str) -> dict[str, Any]:
             "delete it and rerun the workflow to rewrite it"
         )
     for i, entry in enumerate(log["requests"]):
-        if not (isinstance(entry, list | tuple) and len(entry) == 4):
+        if not (isinstance(entry, list | tuple) and len(entry) in (4, 5)):
             raise EfficiencyInputError(
                 f"{path}: requests[{i}] is {entry!r}, expected "
-                "[sent_at, answered_at, observations, ok]; delete it and rerun the workflow"
+                "[sent_at, answered_at, observations, ok, batch]; delete it and rerun the "
+                "workflow"
             )
         if entry[1] < entry[0]:
             raise EfficiencyInputError(
@@ -205,9 +207,15 @@ def busy_seconds(intervals: np.ndarray) -> float:
 def slot_efficiency(logs: Sequence[Mapping[str, Any]], capacity: Capacity | None) -> dict:
     """The figures of one slot from its shards' dispatch logs (see `COLUMNS`); rates are NaN
     without requests, and the capacity and its fraction NaN without a capacity probe."""
+    # a request's batch: the server batch it was sent in (several requests where the server
+    # merges one-observation requests; without the field, each request its own)
     requests = pd.DataFrame(
-        [r for log in logs for r in log["requests"]],
-        columns=["sent_at", "answered_at", "observations", "ok"],
+        [
+            [*r[:4], f"{log['shard']}/{r[4] if len(r) > 4 else i}"]
+            for log in logs
+            for i, r in enumerate(log["requests"])
+        ],
+        columns=["sent_at", "answered_at", "observations", "ok", "batch"],
     ).astype({"sent_at": float, "answered_at": float, "observations": int, "ok": bool})
     with_requests = [log for log in logs if log["requests"]] or list(logs)
     row: dict[str, Any] = {
@@ -216,6 +224,9 @@ def slot_efficiency(logs: Sequence[Mapping[str, Any]], capacity: Capacity | None
         "server_url": logs[0]["server_url"],
         "envs": sum(int(log["envs"]) for log in with_requests),
         "max_batch_size": max(int(log["max_batch_size"]) for log in with_requests),
+        "server_batch": max(
+            int(log.get("server_batch", log["max_batch_size"])) for log in with_requests
+        ),
         "episodes_run": sum(int(log["episodes_run"]) for log in logs),
         "reused_episodes": sum(int(log["reused_episodes"]) for log in logs),
         "requests": len(requests),
@@ -228,20 +239,22 @@ def slot_efficiency(logs: Sequence[Mapping[str, Any]], capacity: Capacity | None
     nan = math.nan
     ok_latency = latency[requests["ok"].to_numpy()]
     busy = busy_seconds(requests[["sent_at", "answered_at"]].to_numpy())
-    waiting = sum(float(log["env_seconds"]["waiting"]) for log in logs)
-    stepping = sum(float(log["env_seconds"]["stepping"]) for log in logs)
-    mean_batch = float(requests["observations"].mean()) if len(requests) else nan
+    # mean envs in each state over each shard's life (env seconds / the shard's seconds)
+    waiting = sum(_per_second(log, "waiting") for log in with_requests)
+    stepping = sum(_per_second(log, "stepping") for log in with_requests)
+    batches = requests.groupby("batch")["observations"].sum()
+    mean_batch = float(batches.mean()) if len(batches) else nan
     row |= {
         "span_s": span,
         "obs_per_s": row["observations_ok"] / span if span > 0 else nan,
         "mean_batch": mean_batch,
-        "batch_fill": mean_batch / row["max_batch_size"] if row["max_batch_size"] else nan,
+        "batch_fill": mean_batch / row["server_batch"] if row["server_batch"] else nan,
         "duty": busy / span if span > 0 else nan,
         "latency_mean_s": float(ok_latency.mean()) if len(ok_latency) else nan,
         "latency_p50_s": float(np.percentile(ok_latency, 50)) if len(ok_latency) else nan,
         "latency_p95_s": float(np.percentile(ok_latency, 95)) if len(ok_latency) else nan,
-        "envs_waiting": waiting / span if span > 0 else nan,
-        "envs_stepping": stepping / span if span > 0 else nan,
+        "envs_waiting": waiting if len(requests) else nan,
+        "envs_stepping": stepping if len(requests) else nan,
         "capacity_obs_per_s": capacity.obs_per_s if capacity else nan,
     }
     row["capacity_fraction"] = (
@@ -256,6 +269,12 @@ def slot_efficiency(logs: Sequence[Mapping[str, Any]], capacity: Capacity | None
     row["cause"] = verdict.cause if verdict else ""
     row["warning"] = verdict.message if verdict else ""
     return row
+
+
+def _per_second(log: Mapping[str, Any], state: str) -> float:
+    """Mean envs of a shard in `state` ("waiting", "stepping") over the shard's life."""
+    seconds = float(log["ended_at"]) - float(log["started_at"])
+    return float(log["env_seconds"][state]) / seconds if seconds > 0 else 0.0
 
 
 def diagnose(figures: Mapping[str, Any]) -> Verdict | None:

@@ -25,9 +25,14 @@ class DispatchLog:
         self.env_seconds = {"waiting": 0.0, "stepping": 0.0}
         self._env_state: dict[int, tuple[str, float]] = {}
 
-    def request(self, sent_at: float, answered_at: float, observations: int, ok: bool) -> None:
-        """One request (monotonic times)."""
-        self.requests.append((sent_at + self._offset, answered_at + self._offset, observations, ok))
+    def request(
+        self, sent_at: float, answered_at: float, observations: int, ok: bool, batch: int
+    ) -> None:
+        """One request (monotonic times) of server batch `batch` (several requests where the
+        server merges them)."""
+        self.requests.append(
+            (sent_at + self._offset, answered_at + self._offset, observations, ok, batch)
+        )
 
     def env(self, worker: int, state: str | None, now: float) -> None:
         """`worker` is now "stepping", "waiting" or idle (None), since `now` (monotonic)."""

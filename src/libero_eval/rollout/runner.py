@@ -444,7 +444,7 @@ class ShardRunner:
             except queue.Empty:
                 return
             self.dispatch_log.request(
-                self._sent_at[request], answered_at, len(batch), status == Status.OK
+                self._sent_at[request], answered_at, len(batch), status == Status.OK, request
             )
             self._parts[request] -= 1
             if not self._parts[request]:  # the whole batch is back
