@@ -18,7 +18,12 @@ from typing import Any
 import pytest
 
 from libero_eval.config import RunSettings
-from libero_eval.policy.capacity import CapacityProbe, measure_capacity, synthetic_observation
+from libero_eval.policy.capacity import (
+    CapacityProbe,
+    measure_capacity,
+    seconds_per_batch,
+    synthetic_observation,
+)
 from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 from libero_eval.service import capacity_of, read_service_file
@@ -111,7 +116,8 @@ class EchoAdapter:
 
 def test_one_warmup_then_two_timed_calls_at_each_size_and_the_mean_is_kept():
     log: list[str] = []
-    ticks = iter([0.0, 1.0, 1.0, 2.0, 10.0, 12.0, 12.0, 16.0])
+    # each call reads the clock before and after: warm-up, then two timed calls, per size
+    ticks = iter([0.0, 0.5, 0.0, 1.0, 1.0, 2.0, 5.0, 6.0, 10.0, 12.0, 12.0, 16.0])
     capacity = measure_capacity(
         lambda: FakeConnection(log, per_request=8),
         EchoAdapter(),
@@ -207,3 +213,11 @@ def test_a_malformed_probe_is_refused_like_bad_settings(tmp_path):
 def test_the_probe_crosses_to_the_serve_job_as_json_unchanged(default_config):
     probe = RunSettings(default_config).capacity_probe
     assert CapacityProbe.from_dict(json.loads(json.dumps(probe.to_dict()))) == probe
+
+
+def test_a_merging_servers_batch_time_leaves_out_the_first_batch_back():
+    # 3 waves of 4 one-observation requests: the first batch back held 1 (alone at an idle
+    # server), then full batches of 4 every 2 s, then the last 3
+    answered = [0.5, 2.5, 2.5, 2.5, 2.5, 4.5, 4.5, 4.5, 4.5, 6.0, 6.0, 6.0]
+    assert seconds_per_batch(answered, 4) == pytest.approx((6.0 - 0.5) * 4 / 11)
+    assert seconds_per_batch([1.0, 1.0], 2) == 0.0  # all in one batch: nothing after it
