@@ -127,6 +127,8 @@ def figures(**values) -> dict:
         "predicted_latency_s": 2.0,
         "duty": 0.99,
         "batch_fill": 1.0,
+        "envs_waiting": 12.0,
+        "envs_stepping": 4.0,
     }
     return healthy | values
 
@@ -151,7 +153,14 @@ def test_verdict_too_few_envs_when_the_server_waits():
 def test_verdict_unfilled_batches_when_busy_but_not_full():
     verdict = diagnose(figures(batch_fill=0.5))
     assert verdict.cause == "batches_unfilled"
-    assert "rollout.max_inflight_requests" in verdict.message and "trials" in verdict.message
+    assert "plan.num_trials_per_task" in verdict.message
+
+
+def test_verdict_slow_envs_when_batches_leave_partial_while_the_envs_step():
+    # the CPU benchmark's cell: 6 envs on 2 cores, a group of 3 split 1 + 2 over and over
+    verdict = diagnose(figures(batch_fill=0.6, envs_waiting=3.3, envs_stepping=3.9))
+    assert verdict.cause == "envs_slow"
+    assert "rollout.total_num_envs" in verdict.message
 
 
 def test_verdict_unexplained_otherwise():

@@ -285,7 +285,10 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
     (a) mean latency above `SLOWDOWN` x the probes' fit at the run's batch: the server is
         slowed down, most likely by CPU contention with the envs;
     (b) duty below `LOW_DUTY`: the server idles while the envs step, too few envs;
-    (c) batch fill below `LOW_FILL`: requests carry fewer observations than the server takes;
+    (c) batch fill below `LOW_FILL` with the envs stepping as long as they wait: a prompt's
+        envs are not back before the server is free, too few (or too slow) envs;
+    (d) batch fill below `LOW_FILL` otherwise: too few trials per task to fill same-prompt
+        batches;
     else the figures do not explain it.
     """
     fraction = figures["capacity_fraction"]
@@ -306,12 +309,21 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
             f"{head}: a request was in flight {figures['duty']:.0%} of the time, the server "
             "waits for the envs; raise rollout.total_num_envs / rollout.envs_per_shard",
         )
+    if figures["batch_fill"] < LOW_FILL and figures["envs_stepping"] >= figures["envs_waiting"]:
+        return Verdict(
+            "envs_slow",
+            f"{head}: batches are {figures['batch_fill']:.0%} full and the envs step "
+            f"({figures['envs_stepping']:.1f} on average) as long as they wait "
+            f"({figures['envs_waiting']:.1f}): a prompt's envs are not back before the "
+            "server is free, so its batch leaves partial; add envs per GPU "
+            "(rollout.total_num_envs: one more batch of envs) or give the envs more CPUs",
+        )
     if figures["batch_fill"] < LOW_FILL:
         return Verdict(
             "batches_unfilled",
-            f"{head}: batches are {figures['batch_fill']:.0%} full; too few trials per task "
-            "for same-prompt batches, or too many requests in flight "
-            "(lower rollout.max_inflight_requests)",
+            f"{head}: batches are {figures['batch_fill']:.0%} full; a request carries one "
+            "prompt: give each task at least as many trials as the server's batch "
+            "(plan.num_trials_per_task), a multiple of it for full batches to the end",
         )
     return Verdict(
         "unexplained",
