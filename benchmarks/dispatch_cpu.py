@@ -158,7 +158,7 @@ def dispatch_summary(shards: Path) -> dict[str, Any]:
             gaps.append(sent - end)
         end = max(end, answered)
     start = spans[0][0] if spans else 0.0
-    first_full = next((s - start for s, _, n, _ in sorted(requests) if n == max(sizes)), None)
+    first_full = next((r[0] - start for r in sorted(requests) if r[2] == max(sizes)), None)
     return {
         "requests_by_size": dict(sorted(sizes.items(), reverse=True)),
         "idle_gaps": len(gaps),
