@@ -193,15 +193,14 @@ def test_a_rollout_job_plans_its_slots_gpu_from_the_config(default_config, monke
         "libero_pi05_openpi.yaml",
     ],
 )
-def test_the_selftest_overlay_on_a_gpu_config_renders_on_a_machine_without_gpus(
-    name, monkeypatch
-):
+def test_the_selftest_overlay_on_a_gpu_config_renders_on_a_machine_without_gpus(name, monkeypatch):
     """`--configfile config/<gpu config> config/selftest.yaml` is documented to run on a CPU:
     the overlay's reference server has no GPU, so a GPU config's `render_device: slot_gpu`
     must not survive it (it refused every shard: "this job has no GPU")."""
+    from test_pi05_config import REPO, checked, merged
+
     import libero_eval.rollout.render_device as render_device
     from libero_eval.config import RunSettings
-    from test_pi05_config import REPO, checked, merged
 
     monkeypatch.chdir(REPO)
     monkeypatch.setattr(render_device, "query_gpus", lambda: [])
