@@ -181,6 +181,27 @@ def test_cli_writes_markdown_csv_and_html(results, tmp_path, capsys):
 
 
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent")
+def test_a_run_without_a_published_figure_or_checkpoint_hash_shows_blank_cells(results, tmp_path):
+    """Beside runs that have them, a run without report.published and without a checkpoint
+    hash (the reference server) shows blank cells: "nan" was printed as its verdict, and a
+    missing hash (NaN in the table) failed the page with a TypeError."""
+    plain = write_run(results, "reference_plain", {0: [True, False, True, True]})
+    per_suite = pd.read_csv(plain / "summary" / "per_suite.csv")
+    per_suite.drop(columns=[c for c in per_suite if c.startswith("published_")]).to_csv(
+        plain / "summary" / "per_suite.csv", index=False
+    )
+    provenance = json.loads((plain / "report" / "provenance.json").read_text())
+    provenance["model"] = {"family": "cosmos3", "reference_policy": "scripted"}
+    (plain / "report" / "provenance.json").write_text(json.dumps(provenance))
+    paths = write_leaderboard([results], tmp_path / "board")
+    markdown = paths["md"].read_text()
+    line = next(x for x in markdown.splitlines() if x.startswith("| reference_plain |"))
+    assert "nan" not in line.lower()
+    assert "| reference-scripted |  |" in line  # no hash
+    assert "|  |  | 2026-" in line  # no published figure, no verdict, then the date
+    assert ">nan<" not in paths["html"].read_text().lower()  # shown text (sort keys aside)
+
+
 def test_leaderboard_page_renders_in_chromium_with_no_network(results, tmp_path):
     paths = write_leaderboard([results], tmp_path / "board")
     page = paths["html"].read_text()

@@ -182,3 +182,32 @@ def test_a_rollout_job_plans_its_slots_gpu_from_the_config(default_config, monke
     assert settings.env.render_env == plan.env
     config["rollout"]["render_device"] = "cpu"
     assert RunSettings(config).render_plan(slot=1).env["LIBERO_EVAL_RENDER_DEVICE"] == "software"
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "libero_spatial_cosmos3_sglang.yaml",
+        "libero_pi05_sglang.yaml",
+        "libero_pi05_openpi_sglang.yaml",
+        "libero_pi05_openpi.yaml",
+    ],
+)
+def test_the_selftest_overlay_on_a_gpu_config_renders_on_a_machine_without_gpus(name, monkeypatch):
+    """`--configfile config/<gpu config> config/selftest.yaml` is documented to run on a CPU:
+    the overlay's reference server has no GPU, so a GPU config's `render_device: slot_gpu`
+    must not survive it (it refused every shard: "this job has no GPU")."""
+    from test_pi05_config import REPO, checked, merged
+
+    import libero_eval.rollout.render_device as render_device
+    from libero_eval.config import RunSettings
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setattr(render_device, "query_gpus", lambda: [])
+    monkeypatch.setattr(render_device, "query_egl_devices", lambda: [EglDevice(0, software=True)])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    config = checked(merged(REPO / "config" / name, REPO / "config" / "selftest.yaml"))
+    assert config["server"]["backend"] == "reference"
+    plan = RunSettings(config).render_plan(slot=0)
+    assert "MUJOCO_EGL_DEVICE_ID" not in plan.env, plan

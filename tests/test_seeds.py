@@ -150,6 +150,19 @@ def test_summary_gives_each_seeds_rate_their_mean_and_sd_and_the_pooled_wilson_r
     assert "58.3 ± 38.2 | 100.0% | 50.0% | 25.0% |" in markdown
 
 
+def test_several_seeds_keep_task_ids_integers_in_every_output(tmp_path):
+    """The seeds' spread is merged into the tables; the task ids stay integers there (they
+    came out as 0.0, 1.0 in per_task.csv, the tables and summary.md's task rows)."""
+    outputs = seeded_run(tmp_path, {0: [True, False, True, True], 1: [True, True, False, True]})
+    assert pd.read_csv(outputs["per_task"], dtype=str)["task_id"].tolist() == ["0", "1"]
+    tables = pd.read_parquet(outputs["tables"])
+    assert str(tables["task_id"].dtype) == "Int64"
+    assert tables["task_id"].dropna().tolist() == [0, 1]
+    markdown = Path(outputs["markdown"]).read_text()
+    assert "| libero_spatial | 0: task 0 |" in markdown
+    assert "| 0.0:" not in markdown and "| 1.0:" not in markdown
+
+
 def test_single_seed_summary_has_no_seed_columns_or_section(tmp_path):
     outputs = seeded_run(tmp_path, {0: [True, False, True, True]})
     assert "seed" not in "".join(pd.read_csv(outputs["per_suite"]).columns)

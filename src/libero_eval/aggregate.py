@@ -180,7 +180,7 @@ def with_seed_spread(table: pd.DataFrame, per_seed: pd.DataFrame) -> pd.DataFram
         **{f"{m}_seed_std": (m, "std") for m in METRICS},
     ).reset_index()
     merged = table.assign(task_id=table["task_id"].fillna(-1)).merge(spread, on=key, how="left")
-    merged["task_id"] = table["task_id"].to_numpy()
+    merged["task_id"] = table["task_id"].astype("Int64").array  # no float round trip
     return merged
 
 

@@ -77,6 +77,12 @@ def _number(value: Any, fmt: str) -> str:
     )
 
 
+def _text(value: Any) -> str:
+    """A text cell: "" for a value the run does not have (None, or NaN where other runs of
+    the table have it, e.g. a published verdict or a checkpoint hash)."""
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
 def display_rows(table: pd.DataFrame) -> list[list[tuple[str, Any]]]:
     """Per run, (column header, (shown text, sort key)) in page order; shared by MD and HTML."""
     shown = []
@@ -84,11 +90,11 @@ def display_rows(table: pd.DataFrame) -> list[list[tuple[str, Any]]]:
         cells: list[tuple[str, Any]] = [
             ("run", (row["run"], row["run"])),
             ("status", (row["status"], row["status"])),
-            ("family", (row["family"] or "", row["family"] or "")),
-            ("checkpoint", (row["checkpoint"] or "", row["checkpoint"] or "")),
+            ("family", (_text(row["family"]), _text(row["family"]))),
+            ("checkpoint", (_text(row["checkpoint"]), _text(row["checkpoint"]))),
             (
                 "checkpoint sha256",
-                ((row.get("checkpoint_sha256") or "")[:12], row.get("checkpoint_sha256") or ""),
+                (_text(row.get("checkpoint_sha256"))[:12], _text(row.get("checkpoint_sha256"))),
             ),
             ("protocol", (row["protocol"], row["protocol"])),
             ("suites", (row["suites"], row["suites"])),
@@ -119,8 +125,8 @@ def display_rows(table: pd.DataFrame) -> list[list[tuple[str, Any]]]:
                     -1 if pd.isna(published) else published,
                 ),
             ),
-            ("verdict", (row.get("published_verdict") or "", row.get("published_verdict") or "")),
-            ("date", (row["date"] or "", row["date"] or "")),
+            ("verdict", (_text(row.get("published_verdict")), _text(row.get("published_verdict")))),
+            ("date", (_text(row["date"]), _text(row["date"]))),
             (
                 "wall time",
                 (
