@@ -53,3 +53,41 @@ def defaults(*path: str) -> dict[str, Any]:
         name: copy.deepcopy(spec.get("default"))
         for name, spec in section(*path)["properties"].items()
     }
+
+
+# The schema's mark of a field that changes no episode's outcome (JSON Schema ignores `x-` keys).
+FINGERPRINT_KEY = "x-fingerprint"
+
+
+def outcome_neutral(*path: str) -> tuple[str, ...]:
+    """The fields under the config object at ``path`` that the schema marks
+    ``x-fingerprint: false`` (no outcome depends on them), as dotted paths relative to it, in the
+    schema's order: ``outcome_neutral("rollout")`` has ``"envs_per_shard"``; a marked section
+    stands for all of its fields."""
+
+    def walk(node: dict[str, Any], prefix: str) -> list[str]:
+        found = []
+        for name, spec in node.get("properties", {}).items():
+            if spec.get(FINGERPRINT_KEY) is False:
+                found.append(prefix + name)
+            elif "properties" in spec:
+                found += walk(spec, f"{prefix}{name}.")
+        return found
+
+    return tuple(walk(section(*path), ""))
+
+
+def without_outcome_neutral(data: dict[str, Any], *path: str) -> dict[str, Any]:
+    """``data``, the config object at ``path``, without the fields :func:`outcome_neutral`
+    names (a shallow copy; nested sections copied where a field of theirs goes)."""
+    kept = dict(data)
+    for dotted in outcome_neutral(*path):
+        *parents, name = dotted.split(".")
+        node = kept
+        for parent in parents:
+            if not isinstance(node.get(parent), dict):
+                break
+            node[parent] = node = dict(node[parent])
+        else:
+            node.pop(name, None)
+    return kept
