@@ -162,12 +162,15 @@ def test_settings_ignore_the_section_of_the_other_backend():
 @pytest.mark.parametrize(
     ("data", "message"),
     [
-        ({"backend": "vllm", "slot": 0}, r"server\.backend: expected one of reference, sglang"),
+        (
+            {"backend": "vllm", "slot": 0},
+            r"server\.backend: 'vllm' is not one of \['reference', 'sglang', 'openpi'\]",
+        ),
         ({"backend": "sglang", "sglang": {"model_path": "/m"}}, r"server\.slot: required"),
         ({"backend": "sglang", "slot": 0, "sglang": {}}, r"server\.sglang\.model_path: required"),
         (
             {"backend": "sglang", "slot": 0, "port": 70000, "sglang": {"model_path": "/m"}},
-            r"server\.port: must be <= 65535",
+            r"server\.port: 70000 is greater than the maximum of 65535",
         ),
         (
             {"backend": "sglang", "slot": 0, "sglang": {"model_path": "/m"}, "gpu": 1},
@@ -200,7 +203,7 @@ def test_settings_ignore_the_section_of_the_other_backend():
                 "slot": 0,
                 "sglang": {"model_path": "/m", "performance_mode": "x"},
             },
-            r"server\.sglang\.performance_mode: expected one of auto, speed, memory, manual",
+            r"server\.sglang\.performance_mode: 'x' is not one of \[None, 'auto'",
         ),
         (
             {
@@ -216,11 +219,11 @@ def test_settings_ignore_the_section_of_the_other_backend():
                 "slot": 0,
                 "reference": {"policy": "hold", "max_batch_size": 0},
             },
-            r"server\.reference\.max_batch_size: must be >= 1",
+            r"server\.reference\.max_batch_size: 0 is less than the minimum of 1",
         ),
         (
             {"backend": "sglang", "slot": 0, "health_timeout_s": 0, "sglang": {"model_path": "/m"}},
-            r"server\.health_timeout_s: must be > 0",
+            r"server\.health_timeout_s: 0 is less than or equal to the minimum of 0",
         ),
     ],
 )
@@ -487,7 +490,9 @@ def test_configured_cpu_threads_replace_every_thread_variable(tmp_path, monkeypa
         "3",
         None,
     )
-    with pytest.raises(ServerSettingsError, match=r"server\.cpu_threads: must be >= 1"):
+    with pytest.raises(
+        ServerSettingsError, match=r"server\.cpu_threads: 0 is less than the minimum of 1"
+    ):
         ServerSettings.from_dict(sglang_settings(cpu_threads=0))
 
 
@@ -805,6 +810,28 @@ def test_launch_rejects_bad_settings_with_exit_code_2(tmp_path):
     )
     assert result.returncode == 2
     assert "server.sglang.model_path: required but missing" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("port", 70000, "server.port: 70000 is greater than the maximum of 65535"),
+        ("reference", {"policy": "bogus"}, "server.reference.policy: 'bogus' is not one of"),
+        ("reference", {"policy": "hold", "padded_action_dim": 4}, "server.reference.padded_"),
+    ],
+)
+def test_launch_rejects_a_value_the_schema_refuses_naming_the_field(
+    tmp_path, field, value, message
+):
+    """The serve job checks the settings it shares with the config against the schema's
+    `server` subschema first: jsonschema's message, naming the field, and exit code 2."""
+    settings = {"backend": "reference", "slot": 0, "reference": {"policy": "hold"}, field: value}
+    result = subprocess.run(
+        launch_command(tmp_path, settings), capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert not (tmp_path / "results" / "servers" / "slot2.json").exists()
 
 
 # --------------------------------------------------------------------------- wait_for_service

@@ -76,7 +76,8 @@ def settings_dict(settings: ServerSettings) -> dict:
     ("openpi", "message"),
     [
         ({}, r"server\.openpi\.command: required"),
-        ({"command": []}, "must be openpi's server command line"),
+        # the schema's minItems, in jsonschema's words (older releases: "is too short")
+        ({"command": []}, r"server\.openpi\.command: \[\] (should be non-empty|is too short)"),
         ({"command": ["serve", "--port", "8000"]}, "do not pass --port yourself"),
         ({"command": ["serve"], "health_path": "healthz"}, "must start with '/'"),
     ],

@@ -315,20 +315,10 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
-    rollout = dict(config["rollout"])
-    for knob in (
-        "envs_per_shard",
-        "total_num_envs",
-        "shards_per_slot",
-        "max_inflight_requests",
-        "batch_timeout_s",
-        "render_mode",  # byte-identical by construction and by test
-        "reset_mode",  # byte-identical by test (tests/test_episode_determinism.py)
-        "mem_mb_per_env",
-        "runtime_min",
-        "videos",
-    ):
-        rollout.pop(knob, None)
+    # rollout is the one section taken whole; the schema marks what of it changes no outcome
+    # (`x-fingerprint: false`: throughput knobs, resources, and render/reset modes that are
+    # byte-identical by test, tests/test_episode_determinism.py)
+    rollout = settings_schema.without_outcome_neutral(config["rollout"], "rollout")
     return fingerprint(
         {
             "seed": episode_protocol(config).seed,

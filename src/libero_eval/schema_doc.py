@@ -47,19 +47,30 @@ def _type(spec: dict[str, Any]) -> str:
     return " or ".join(k for k in kinds if k)
 
 
+# The note on a field the schema marks `x-fingerprint: false` (settings_schema.outcome_neutral).
+OUTCOME_NEUTRAL_NOTE = "Outcome-neutral: not in the fingerprint."
+
+
+def _description(spec: dict[str, Any]) -> str:
+    text = " ".join(str(spec.get("description", "")).split())
+    if spec.get("x-fingerprint") is False:
+        text = f"{text} {OUTCOME_NEUTRAL_NOTE}".strip()
+    return text
+
+
 def rows(schema: dict[str, Any], prefix: str = "") -> list[str]:
     lines = []
     for name, spec in schema.get("properties", {}).items():
         field = f"{prefix}{name}"
         if spec.get("type") == "object" and "properties" in spec:
-            description = " ".join(str(spec.get("description", "")).split())
+            description = _description(spec)
             lines.append(f"| **`{field}`** | section | | {description} |")
             lines += rows(spec, f"{field}.")
             continue
         default = json.dumps(spec.get("default")) if "default" in spec else ""
         if name in schema.get("required", ()):
             default = "required"
-        description = " ".join(str(spec.get("description", "")).split()).replace("|", "\\|")
+        description = _description(spec).replace("|", "\\|")
         default = f"`{default}`" if default != "required" else "required"
         lines.append(f"| `{field}` | {_type(spec)} | {default} | {description} |")
         entry = spec.get("additionalProperties")

@@ -10,6 +10,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import yaml
 
 from libero_eval import package_data
@@ -53,3 +54,73 @@ def defaults(*path: str) -> dict[str, Any]:
         name: copy.deepcopy(spec.get("default"))
         for name, spec in section(*path)["properties"].items()
     }
+
+
+# The schema's mark of a field that changes no episode's outcome (JSON Schema ignores `x-` keys).
+FINGERPRINT_KEY = "x-fingerprint"
+
+
+def outcome_neutral(*path: str) -> tuple[str, ...]:
+    """The fields under the config object at ``path`` that the schema marks
+    ``x-fingerprint: false`` (no outcome depends on them), as dotted paths relative to it, in the
+    schema's order: ``outcome_neutral("rollout")`` has ``"envs_per_shard"``; a marked section
+    stands for all of its fields."""
+
+    def walk(node: dict[str, Any], prefix: str) -> list[str]:
+        found = []
+        for name, spec in node.get("properties", {}).items():
+            if spec.get(FINGERPRINT_KEY) is False:
+                found.append(prefix + name)
+            elif "properties" in spec:
+                found += walk(spec, f"{prefix}{name}.")
+        return found
+
+    return tuple(walk(section(*path), ""))
+
+
+def without_outcome_neutral(data: dict[str, Any], *path: str) -> dict[str, Any]:
+    """``data``, the config object at ``path``, without the fields :func:`outcome_neutral`
+    names (a shallow copy; nested sections copied where a field of theirs goes)."""
+    kept = dict(data)
+    for dotted in outcome_neutral(*path):
+        *parents, name = dotted.split(".")
+        node = kept
+        for parent in parents:
+            if not isinstance(node.get(parent), dict):
+                break
+            node[parent] = node = dict(node[parent])
+        else:
+            node.pop(name, None)
+    return kept
+
+
+def _shared(node: dict[str, Any], nullable: bool = False) -> dict[str, Any]:
+    """``node`` for a mapping that carries some of its fields beside fields of its own: each
+    field it has is checked as the config's, no field is required, others are left alone, and
+    a nested section may be null (a slot's settings leave out the other backends')."""
+    if "properties" not in node:
+        return node
+    return {
+        "type": ["object", "null"] if nullable else "object",
+        "properties": {name: _shared(spec, True) for name, spec in node["properties"].items()},
+    }
+
+
+@cache
+def _shared_validator(path: tuple[str, ...]) -> jsonschema.protocols.Validator:
+    cls = jsonschema.validators.validator_for(schema())
+    return cls(_shared(section(*path)))
+
+
+def shared_errors(data: Any, *path: str, where: str | None = None) -> list[str]:
+    """Where ``data`` breaks the schema of the config object at ``path``, one message per bad
+    value naming its field (``server.port: 70000 is greater than the maximum of 65535``), in
+    field order; empty when none. Only the fields ``data`` shares with the config are checked
+    (the serve job's settings carry the `server` section's fields beside ``slot``,
+    ``gpu_id``, ...), each against its own subschema. ``where`` names ``data`` in the messages
+    (default: the dotted ``path``)."""
+    errors = _shared_validator(path).iter_errors(data)
+    return [
+        f"{'.'.join([where or '.'.join(path), *map(str, error.absolute_path)])}: {error.message}"
+        for error in sorted(errors, key=lambda e: [str(p) for p in e.absolute_path])
+    ]

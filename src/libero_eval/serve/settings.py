@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any
 
+from libero_eval import settings_schema
 from libero_eval.reference import settings as reference_settings
 
 BACKENDS = ("reference", "sglang", "openpi")
@@ -313,9 +314,14 @@ class ServerSettings:
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "server") -> ServerSettings:
-        """Parse and validate a settings mapping (the `server` section of a run config)."""
+        """Parse and validate a settings mapping (the `server` section of a run config, for
+        one slot): first each field it shares with the config against the schema's `server`
+        subschema (jsonschema's message, naming the field), then what the schema cannot say."""
         if not isinstance(data, Mapping):
             raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
+        errors = settings_schema.shared_errors(dict(data), "server", where=where)
+        if errors:
+            raise ServerSettingsError("; ".join(errors))
         _check_keys(data, [f.name for f in fields(cls)], where)
         backend = data.get("backend")
         if backend not in BACKENDS:
