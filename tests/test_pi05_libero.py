@@ -138,6 +138,6 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
     assert outcomes[0] == outcomes[1]
     alone, merged = logs
     assert alone["server_batch"] == 1 and merged["server_batch"] == 2
-    assert {size for _, _, size, _ in merged["requests"]} == {1}  # one observation each
-    sent = [sent_at for sent_at, _, _, _ in merged["requests"]]
+    assert {request[2] for request in merged["requests"]} == {1}  # one observation each
+    sent = [request[0] for request in merged["requests"]]
     assert len(sent) == 8 and len(set(sent)) == 4  # both envs' requests left together

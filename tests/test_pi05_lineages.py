@@ -140,7 +140,16 @@ def test_todays_default_layout_fails_against_a_lerobot_checkpoint(sglang_side):
     )
     with pytest.raises(SglangValueError, match="state dim must be <= 8, got 32"):
         parse(sglang_side, default, checkpoint)
-    parsed = parse(sglang_side, make_adapter("pi05", {"pi05": {"pad_state_to": None}}), checkpoint)
+    narrowed = make_adapter(
+        "pi05",
+        {
+            "pi05": {
+                "pad_state_to": None,
+                "norm_stats_path": "libero_eval:stats/pi05_libero_norm_stats.json",
+            }
+        },
+    )
+    parsed = parse(sglang_side, narrowed, checkpoint)
     assert {key: parsed["images"][key]["mask"] for key in ("image", "image2")} == {
         "image": False,
         "image2": False,

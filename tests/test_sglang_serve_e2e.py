@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -27,9 +26,11 @@ import psutil
 import pytest
 import requests
 import yaml
+from conftest import workflow_dir
 from sglang_side import INSTALL_HINT, side_python
 from test_workflow_e2e import run_workflow
 
+from libero_eval.policy.capacity import TIMED_CALLS, WARMUP_CALLS
 from libero_eval.serve.launcher import ManagedServer
 from libero_eval.serve.settings import ServerSettings
 
@@ -107,10 +108,7 @@ def gone_within(check: Any, timeout_s: float = 30.0) -> list[int]:
 
 @pytest.fixture
 def sglang_run(tmp_path):
-    run_id = f"pytest_sglang_{tmp_path.name}"
-    yield run_id
-    shutil.rmtree(REPO / "results" / run_id, ignore_errors=True)
-    shutil.rmtree(REPO / "logs" / run_id, ignore_errors=True)
+    return f"pytest_sglang_{tmp_path.name}"
 
 
 @pytest.mark.workflow
@@ -139,9 +137,10 @@ def test_workflow_runs_libero_episodes_against_real_sglang_serve(
             }
         )
     )
-    run = run_workflow(REPO / "config" / "config.yaml", str(overlay))
+    workdir = workflow_dir(tmp_path / "work")  # its own results/, logs/ and .snakemake/
+    run = run_workflow(workdir, REPO / "config" / "config.yaml", str(overlay))
     assert run.returncode == 0, run.stderr[-3000:]
-    results, logs = REPO / "results" / sglang_run, REPO / "logs" / sglang_run
+    results, logs = workdir / "results" / sglang_run, workdir / "logs" / sglang_run
 
     # The real server reached ready, through its own warm-up, and was stopped by the launcher.
     service = yaml.safe_load((results / "servers" / "slot0.json").read_text())
@@ -165,7 +164,10 @@ def test_workflow_runs_libero_episodes_against_real_sglang_serve(
     assert (episodes["steps"] == 32).all() and (episodes["policy_calls"] > 0).all()
     assert codes and set(codes) == {"200"}, codes
     calls = int(episodes["policy_calls"].sum())
-    assert calls / 2 <= len(codes) <= calls  # one POST carries 1 or 2 observations
+    # the serve job's capacity probe: warm-up and timed calls at batch 1 and at the max batch
+    probe = 2 * (WARMUP_CALLS + TIMED_CALLS)
+    assert service["capacity"]["max_batch_size"] == 2
+    assert calls / 2 <= len(codes) - probe <= calls  # one POST carries 1 or 2 observations
 
     # After teardown nothing of the server's process group, or of the run, is left.
     assert gone_within(lambda: group_members(service["pgid"])) == []
