@@ -21,15 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-DEFAULT_STATS = (
-    REPO_ROOT
-    / "src"
-    / "libero_eval"
-    / "data"
-    / "stats"
-    / "libero_native_frame_wise_relative_rot6d.json"
-)
+from libero_eval import package_data
+
+DEFAULT_STATS = package_data.path("stats/libero_native_frame_wise_relative_rot6d.json")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

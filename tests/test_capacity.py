@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from libero_eval import package_data
 from libero_eval.config import RunSettings
 from libero_eval.policy.capacity import (
     CapacityProbe,
@@ -28,11 +29,8 @@ from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 from libero_eval.service import capacity_of, read_service_file
 
-REPO = Path(__file__).resolve().parents[1]
-COSMOS3_STATS = (
-    REPO / "src" / "libero_eval" / "data" / "stats" / "libero_native_frame_wise_relative_rot6d.json"
-)
-PI05_STATS = REPO / "src" / "libero_eval" / "data" / "stats" / "pi05_libero_norm_stats.json"
+COSMOS3_STATS = package_data.path("stats/libero_native_frame_wise_relative_rot6d.json")
+PI05_STATS = package_data.path("stats/pi05_libero_norm_stats.json")
 FIXED, PER_ITEM = 0.05, 0.02
 
 

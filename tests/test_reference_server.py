@@ -14,7 +14,6 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -22,6 +21,7 @@ import pytest
 import requests
 from PIL import Image
 
+from libero_eval import package_data
 from libero_eval.policy import codec
 from libero_eval.reference import policies
 from libero_eval.reference.policies import (
@@ -33,15 +33,7 @@ from libero_eval.reference.policies import (
 from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-STATS_PATH = (
-    REPO_ROOT
-    / "src"
-    / "libero_eval"
-    / "data"
-    / "stats"
-    / "libero_native_frame_wise_relative_rot6d.json"
-)
+STATS_PATH = package_data.path("stats/libero_native_frame_wise_relative_rot6d.json")
 GENERATIONS = "/v1/actions/generations"
 PADDED_DIM = 12
 MSGPACK = {"Content-Type": "application/msgpack", "Accept": "application/msgpack"}

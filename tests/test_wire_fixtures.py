@@ -11,20 +11,14 @@ import numpy as np
 import pytest
 import requests
 
+from libero_eval import package_data
 from libero_eval.policy import codec
 from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = REPO_ROOT / "tests" / "fixtures" / "sglang"
-STATS_PATH = (
-    REPO_ROOT
-    / "src"
-    / "libero_eval"
-    / "data"
-    / "stats"
-    / "libero_native_frame_wise_relative_rot6d.json"
-)
+STATS_PATH = package_data.path("stats/libero_native_frame_wise_relative_rot6d.json")
 GENERATIONS = "/v1/actions/generations"
 ERROR_FILES = sorted((FIXTURES / "errors").glob("*.json"))
 REQUEST_FILES = ["envelope_request.json", "raw_request.json"]

@@ -13,16 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from libero_eval import package_data
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = REPO_ROOT / "src" / "libero_eval" / "data" / "schema.yaml"
-STATS = (
-    REPO_ROOT
-    / "src"
-    / "libero_eval"
-    / "data"
-    / "stats"
-    / "libero_native_frame_wise_relative_rot6d.json"
-)
+STATS = package_data.path("stats/libero_native_frame_wise_relative_rot6d.json")
 CHUNK = 16
 
 
