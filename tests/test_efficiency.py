@@ -139,9 +139,15 @@ def test_verdict_none_at_capacity_or_when_it_is_unknown():
 
 
 def test_verdict_slowed_server_when_latency_is_well_above_the_probes():
-    verdict = diagnose(figures(latency_mean_s=3.5, duty=0.5, batch_fill=0.2))
+    verdict = diagnose(figures(latency_mean_s=3.5, batch_fill=0.2))
     assert verdict.cause == "slowed_server"
     assert "server.cpu_threads" in verdict.message and "fewer envs per node" in verdict.message
+
+
+def test_verdict_too_few_envs_comes_first_when_the_server_waits_anyway():
+    # the CPU demo: an idle reference server answers in 0.03 s against 0.01 s probed
+    verdict = diagnose(figures(duty=0.05, latency_mean_s=0.03, predicted_latency_s=0.01))
+    assert verdict.cause == "envs_short"
 
 
 def test_verdict_too_few_envs_when_the_server_waits():

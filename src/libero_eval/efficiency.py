@@ -282,9 +282,10 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
     the setting to change; None at or above it, or when the capacity is unknown.
 
     In order, the first that holds:
-    (a) mean latency above `SLOWDOWN` x the probes' fit at the run's batch: the server is
+    (a) duty below `LOW_DUTY`: the server idles while the envs step, too few envs (a slower
+        answer matters little then);
+    (b) mean latency above `SLOWDOWN` x the probes' fit at the run's batch: the server is
         slowed down, most likely by CPU contention with the envs;
-    (b) duty below `LOW_DUTY`: the server idles while the envs step, too few envs;
     (c) batch fill below `LOW_FILL` with the envs stepping as long as they wait: a prompt's
         envs are not back before the server is free, too few (or too slow) envs;
     (d) batch fill below `LOW_FILL` otherwise: too few trials per task to fill same-prompt
@@ -295,6 +296,12 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
     if not fraction < LOW_FRACTION:  # NaN (unknown) too
         return None
     head = f"slot {figures['slot']} ran at {fraction:.0%} of its server's capacity"
+    if figures["duty"] < LOW_DUTY:
+        return Verdict(
+            "envs_short",
+            f"{head}: a request was in flight {figures['duty']:.0%} of the time, the server "
+            "waits for the envs; raise rollout.total_num_envs / rollout.envs_per_shard",
+        )
     predicted, latency = figures["predicted_latency_s"], figures["latency_mean_s"]
     if latency > SLOWDOWN * predicted:  # False when no fit (NaN)
         return Verdict(
@@ -302,12 +309,6 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
             f"{head}: mean latency {latency:.2f} s vs {predicted:.2f} s the capacity probe "
             "predicts at this batch size; the server is slowed, likely by CPU contention: "
             "lower server.cpu_threads or run fewer envs per node",
-        )
-    if figures["duty"] < LOW_DUTY:
-        return Verdict(
-            "envs_short",
-            f"{head}: a request was in flight {figures['duty']:.0%} of the time, the server "
-            "waits for the envs; raise rollout.total_num_envs / rollout.envs_per_shard",
         )
     if figures["batch_fill"] < LOW_FILL and figures["envs_stepping"] >= figures["envs_waiting"]:
         return Verdict(
