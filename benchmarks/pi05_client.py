@@ -15,23 +15,16 @@ import argparse
 import json
 import platform
 import time
-from pathlib import Path
 
 import numpy as np
 from scipy.spatial.transform import Rotation
 
+from libero_eval import package_data
 from libero_eval.policy import codec
 from libero_eval.policy.adapters import Observation, make_adapter
 from libero_eval.policy.client import HttpConnection
 
-STATS = (
-    Path(__file__).resolve().parents[1]
-    / "src"
-    / "libero_eval"
-    / "data"
-    / "stats"
-    / "pi05_libero_norm_stats.json"
-)
+STATS = package_data.path("stats/pi05_libero_norm_stats.json")
 
 
 def observation(rng: np.random.Generator) -> Observation:
