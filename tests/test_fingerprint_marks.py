@@ -26,6 +26,7 @@ OTHER_VALUES = {
     "render_mode": "every_step",
     "mem_mb_per_env": 4000,
     "runtime_min": 30,
+    "env_niceness": 0,
     "videos": {"enabled": True, "frame_stride": 2},
 }
 

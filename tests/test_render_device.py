@@ -211,3 +211,27 @@ def test_the_selftest_overlay_on_a_gpu_config_renders_on_a_machine_without_gpus(
     assert config["server"]["backend"] == "reference"
     plan = RunSettings(config).render_plan(slot=0)
     assert "MUJOCO_EGL_DEVICE_ID" not in plan.env, plan
+
+
+@pytest.mark.libero
+def test_env_workers_run_at_the_configured_niceness():
+    """rollout.env_niceness: a worker lowers its own CPU priority before it builds its env, so
+    a policy server sharing the cores runs first; 0 leaves it at the shard's."""
+    import os
+
+    from libero_eval.rollout.env_worker import EnvSettings, EnvWorker
+    from libero_eval.rollout.protocols import get_protocol
+
+    protocol = get_protocol("openpi", max_steps_override=1)
+    mine = os.getpriority(os.PRIO_PROCESS, 0)
+    seen = {}
+    for niceness in (0, 7):
+        worker = EnvWorker(0, EnvSettings(camera_size=32, niceness=niceness), protocol)
+        try:
+            worker.send("chunk", None)  # no episode started: an error reply, from the loop
+            status, _ = worker.receive()
+            assert status == "error"
+            seen[niceness] = os.getpriority(os.PRIO_PROCESS, worker.process.pid)
+        finally:
+            worker.stop()
+    assert seen == {0: mine, 7: min(mine + 7, 19)}

@@ -7,9 +7,10 @@
 # into / where the image lacks them). DEADLINE_S: seconds this call may take (default 570);
 # a phase that would not fit is skipped and says so.
 # Phases, in the order given:
-#   ckpt-cosmos3 | ckpt-pi05          build the true-size random checkpoint on the GPU
-#   wf-cosmos3:ENVS | wf-pi05:ENVS    snakemake --cores 40 with ENVS envs on one slot (GPU 0)
-#   bench-cosmos3 | bench-pi05        benchmarks/sglang_server.py: load, latency vs batch,
+#   ckpt-cosmos3 | ckpt-pi05 | ckpt-pi05lr   build the true-size random checkpoint on the GPU
+#                                     (pi05: the openpi lineage; pi05lr: the LeRobot lineage)
+#   wf-FAMILY:ENVS                    snakemake --cores 40 with ENVS envs on one slot (GPU 0)
+#   bench-FAMILY                      benchmarks/sglang_server.py: load, latency vs batch,
 #                                     memory, teardown through the project's launcher
 #   probe-render:ENVS                 tools/gpu/render_probe.py: ENVS real LIBERO envs render
 #                                     on GPU 0; their GL renderer and GPU memory
@@ -75,6 +76,12 @@ ckpt() {  # family
   if [ "$1" = cosmos3 ]; then
     dir=$(ckdir 30)/cosmos3
     [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint cosmos3 --size true --out $dir 2>&1 | grep -E "^cosmos3|BUILT|Error|error" | cut -c1-600
+  elif [ "$1" = pi05lr ]; then
+    # the LeRobot lineage (config/libero_pi05_sglang.yaml): LeRobot's config.json and
+    # policy_preprocessor.json (MEAN_STD statistics), the prompt tokenized by the server
+    dir=$(ckdir 8)/pi05lr
+    [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint pi05 --lineage lerobot --size true \
+      --out $dir --norm-stats src/libero_eval/data/stats/pi05_libero_norm_stats.json --hf-home "$HF_HOME" 2>&1 | grep -E "^pi05|BUILT|Error|error" | cut -c1-600
   else
     dir=$(ckdir 8)/pi05
     # the openpi lineage (config/libero_pi05_openpi_sglang.yaml): openpi's camera slots, state 32,
@@ -88,18 +95,24 @@ ckpt() {  # family
   echo $dir
 }
 
-config_of() { [ "$1" = cosmos3 ] && echo config/libero_spatial_cosmos3_sglang.yaml || echo config/libero_pi05_openpi_sglang.yaml; }
+config_of() {
+  case $1 in
+    cosmos3) echo config/libero_spatial_cosmos3_sglang.yaml ;;
+    pi05lr) echo config/libero_pi05_sglang.yaml ;;
+    *) echo config/libero_pi05_openpi_sglang.yaml ;;
+  esac
+}
 
 workflow() {  # family envs
   # The overlay sets only the random checkpoint, the attention backend, one slot, the env
   # count, the plan and max_steps: the shipped config's server and rollout defaults stay.
   # PLAN=TASKS:TRIALS (TASKS "all" or "0,1"; default all:ceil(envs/5)), MAX_STEPS (default
   # 64 Cosmos3, 60 π0.5), THREADS (server.cpu_threads, for a sweep), BMS (batching_max_size),
-  # TAG (run name suffix). CONFIG overrides the family's shipped config.
+  # NICE (rollout.env_niceness), TAG (run name suffix). CONFIG overrides the family's shipped config.
   local family=$1 envs=$2 dir
   local run="h200_$1_e$2${TAG:+_$TAG}"
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
-  local max_steps=64; [ "$family" = pi05 ] && max_steps=60
+  local max_steps=64; [ "$family" != cosmos3 ] && max_steps=60
   max_steps=${MAX_STEPS:-$max_steps}
   local plan=${PLAN:-all:$(( (2 * envs + 9) / 10 ))}
   local tasks=${plan%%:*} trials=${plan##*:}
@@ -119,13 +132,11 @@ rollout:
   max_steps: $max_steps
   render_device: slot_gpu
 EOF
-  local extra=()
-  if [ -n "${THREADS:-}${BMS:-}" ]; then  # a second overlay: a sweep's one changed setting
-    { echo "server:"; [ -n "${THREADS:-}" ] && echo "  cpu_threads: $THREADS"
-      [ -n "${BMS:-}" ] && printf '  sglang:\n    batching_max_size: %s\n' "$BMS"; } > /tmp/overlay2_$run.yaml
-    extra=(/tmp/overlay2_$run.yaml)
-  fi
-  say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}"
+  local extra=()  # one more overlay per sweep knob given
+  if [ -n "${THREADS:-}" ]; then printf 'server:\n  cpu_threads: %s\n' "$THREADS" > /tmp/ov_t_$run.yaml; extra+=(/tmp/ov_t_$run.yaml); fi
+  if [ -n "${BMS:-}" ]; then printf 'server:\n  sglang:\n    batching_max_size: %s\n' "$BMS" > /tmp/ov_b_$run.yaml; extra+=(/tmp/ov_b_$run.yaml); fi
+  if [ -n "${NICE:-}" ]; then printf 'rollout:\n  env_niceness: %s\n' "$NICE" > /tmp/ov_n_$run.yaml; extra+=(/tmp/ov_n_$run.yaml); fi
+  say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}"
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 &
   local mon=$!
   local ts=$(date +%s.%N)
@@ -171,9 +182,9 @@ for phase in "$@"; do
   case $phase in
     ckpt-*) need=90 ;;
     wf-cosmos3:*) need=${NEED:-260} ;;
-    wf-pi05:*) need=${NEED:-200} ;;
+    wf-pi05*:*) need=${NEED:-200} ;;
     bench-cosmos3) need=170 ;;
-    bench-pi05) need=110 ;;
+    bench-pi05*) need=110 ;;
     probe-render:*) need=60 ;;
     *) say "unknown phase $phase"; continue ;;
   esac

@@ -50,6 +50,7 @@ class EnvSettings:
     reset_mode: str = "fast"  # or "hard" (LIBERO's own; libero_eval.rollout.fast_reset)
     video_stride: int = 0  # >0: also render every Nth step for an episode video
     mujoco_gl: str = "egl"
+    niceness: int = 0  # the worker's os.nice increment (rollout.env_niceness)
     # rollout.render_device resolved for this shard (libero_eval.rollout.render_device): the
     # variables that make robosuite render on the planned device; checked at env start.
     render_env: dict[str, str] = field(default_factory=dict)
@@ -471,6 +472,8 @@ def _worker_main(
     inject_faults: bool = False,
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if settings.niceness:  # the server sharing the node's cores runs first
+        os.nice(settings.niceness)
     _exit_with_parent(name)
     env: Any = LiberoEpisodeEnv(settings, protocol)
     if inject_faults:  # an EpisodeSpec's fault fails its start (libero_eval.faults)
