@@ -159,6 +159,33 @@ def test_lerobot_lineage_normalizer_is_read_by_the_project(tmp_path):
     assert (config["chunk_size"], config["n_action_steps"]) == (50, 50)
 
 
+def test_a_mean_std_lerobot_checkpoint_passes_the_shipped_lerobot_config(tmp_path):
+    """--normalization MEAN_STD: the layout of pi05_libero_finetuned_v044, which
+    config/libero_pi05_sglang.yaml (normalization: zscore) accepts; π0.5's own QUANTILES is
+    refused by it, naming the field."""
+    import yaml
+
+    from libero_eval.config import ConfigError, RunSettings
+
+    def settings_for(checkpoint: Path) -> RunSettings:
+        config = yaml.safe_load((REPO_ROOT / "config" / "libero_pi05_sglang.yaml").read_text())
+        config["server"]["sglang"]["model_path"] = str(checkpoint)
+        return RunSettings(config)
+
+    from random_checkpoint.pi05_layouts import write_tokenizer_standins
+
+    for name in ("v044", "base"):  # the prompt is tokenized on the client: tokenizer.json
+        write_tokenizer_standins(tmp_path / name)
+    specs.write_pi05_configs(
+        tmp_path / "v044", "lerobot", norm_stats=STATS, normalization="MEAN_STD"
+    )
+    assert T.load_norm_stats(tmp_path / "v044").state_mode == "zscore"
+    assert settings_for(tmp_path / "v044").fingerprint
+    specs.write_pi05_configs(tmp_path / "base", "lerobot", norm_stats=STATS)
+    with pytest.raises(ConfigError, match="normalization: quantile"):
+        _ = settings_for(tmp_path / "base").fingerprint
+
+
 def test_openpi_lineage_is_pi05_libero_as_converted(tmp_path):
     specs.write_pi05_configs(tmp_path, "openpi", norm_stats=STATS)
     config = json.loads((tmp_path / "config.json").read_text())

@@ -78,9 +78,9 @@ ckpt() {  # family
     [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint cosmos3 --size true --out $dir 2>&1 | grep -E "^cosmos3|BUILT|Error|error" | cut -c1-600
   elif [ "$1" = pi05lr ]; then
     # the LeRobot lineage (config/libero_pi05_sglang.yaml): LeRobot's config.json and
-    # policy_preprocessor.json (MEAN_STD statistics), the prompt tokenized by the server
+    # policy_preprocessor.json (MEAN_STD, as pi05_libero_finetuned_v044), the prompt tokenized by the server
     dir=$(ckdir 8)/pi05lr
-    [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint pi05 --lineage lerobot --size true \
+    [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint pi05 --lineage lerobot --normalization MEAN_STD --size true \
       --out $dir --norm-stats src/libero_eval/data/stats/pi05_libero_norm_stats.json --hf-home "$HF_HOME" 2>&1 | grep -E "^pi05|BUILT|Error|error" | cut -c1-600
   else
     dir=$(ckdir 8)/pi05

@@ -83,13 +83,14 @@ def build_pi05(
     hf_home: Path | None = None,
     device: torch.device | None = None,
     weights: bool = True,
+    normalization: str = "QUANTILES",
 ) -> dict[str, Any]:
     """A π0.5 directory of one lineage: config.json (+ LeRobot's policy_preprocessor.json or
     openpi's assets/) and model.safetensors; the PaliGemma tokenizer stand-in beside it in
     ``paligemma_tokenizer_standin/``, and in ``hf_home``'s hub cache when given."""
     started = time.monotonic()
     device = device or default_device()
-    specs.write_pi05_configs(out, lineage, size, norm_stats)
+    specs.write_pi05_configs(out, lineage, size, norm_stats, normalization)
     with pi05_tiny_variants() if size == "tiny" else _nothing():
         rows = pi05_tensors(out, lineage)
     written = {"bytes": _bytes(rows)}

@@ -32,6 +32,12 @@ def _parser() -> argparse.ArgumentParser:
     pi.add_argument("--out", type=Path, required=True)
     pi.add_argument("--norm-stats", type=Path, help="openpi norm_stats.json to ship with it")
     pi.add_argument(
+        "--normalization",
+        choices=("QUANTILES", "MEAN_STD"),
+        default="QUANTILES",
+        help="LeRobot lineage: the normalization_mapping (MEAN_STD: pi05_libero_finetuned_v044)",
+    )
+    pi.add_argument(
         "--hf-home",
         type=Path,
         help="also place the PaliGemma tokenizer stand-in in this HF "
@@ -80,7 +86,14 @@ def main(argv: list[str] | None = None) -> int:
         )
     else:
         report = build.build_pi05(
-            a.out, a.lineage, a.size, a.norm_stats, a.hf_home, device, weights=not a.no_weights
+            a.out,
+            a.lineage,
+            a.size,
+            a.norm_stats,
+            a.hf_home,
+            device,
+            weights=not a.no_weights,
+            normalization=a.normalization,
         )
         print(
             f"pi05 {a.lineage} {a.size}: {report['parameters'] / 1e9:.3f} B parameters "

@@ -167,13 +167,16 @@ def _layouts():
     return pi05_layouts
 
 
-def pi05_config(lineage: str, size: str = "true") -> dict[str, Any]:
+def pi05_config(
+    lineage: str, size: str = "true", normalization: str = "QUANTILES"
+) -> dict[str, Any]:
     """π0.5 ``config.json`` as each lineage writes it for LIBERO (the project's specimens,
     ``docs/pi05.md``), with the model variants of ``size``.
 
     - ``lerobot``: LeRobot's ``PI05Config`` (``type: pi05``), LIBERO features
       ``observation.images.image`` (agentview), ``observation.images.image2`` (wrist),
-      ``observation.state`` [8], action [7]; chunk 50.
+      ``observation.state`` [8], action [7]; chunk 50; ``normalization`` QUANTILES (π0.5's
+      own) or MEAN_STD (``pi05_libero_finetuned_v044``, config/libero_pi05_sglang.yaml).
     - ``openpi``: what openpi's ``examples/convert_jax_model_to_pytorch.py`` writes for
       ``pi05_libero`` (``action_dim``, ``action_horizon`` 10, the variants, ``precision``),
       plus ``chunk_size`` 10, which SGLang reads for the horizon and the converter does not
@@ -183,13 +186,20 @@ def pi05_config(lineage: str, size: str = "true") -> dict[str, Any]:
     if lineage not in PI05_LINEAGES:
         raise ValueError(f"unknown π0.5 lineage {lineage!r}; known: {PI05_LINEAGES}")
     layouts = _layouts()
-    config = layouts.openpi_config() if lineage == "openpi" else layouts.lerobot_config()
+    if lineage == "openpi":
+        config = layouts.openpi_config()
+    else:
+        config = layouts.lerobot_config(normalization=normalization)
     config["paligemma_variant"], config["action_expert_variant"] = _variants(size)
     return config
 
 
 def write_pi05_configs(
-    directory: Path, lineage: str, size: str = "true", norm_stats: Path | None = None
+    directory: Path,
+    lineage: str,
+    size: str = "true",
+    norm_stats: Path | None = None,
+    normalization: str = "QUANTILES",
 ) -> list[Path]:
     """Write a π0.5 checkpoint's configuration (no weights) into ``directory``: the project's
     layout specimen of the lineage (``config.json``; LeRobot's ``policy_preprocessor.json``
@@ -200,8 +210,11 @@ def write_pi05_configs(
     write = layouts.write_openpi if lineage == "openpi" else layouts.write_lerobot
     if lineage not in PI05_LINEAGES:
         raise ValueError(f"unknown π0.5 lineage {lineage!r}; known: {PI05_LINEAGES}")
-    write(directory, stats=norm_stats) if norm_stats else write(directory)
-    _write_json(directory / "config.json", pi05_config(lineage, size))
+    options = {"stats": norm_stats} if norm_stats else {}
+    if lineage == "lerobot":
+        options["normalization"] = normalization
+    write(directory, **options)
+    _write_json(directory / "config.json", pi05_config(lineage, size, normalization))
     return sorted(p for p in directory.rglob("*") if p.is_file())
 
 
