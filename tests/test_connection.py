@@ -15,9 +15,9 @@ from libero_eval.policy.adapters.pi05 import (
     Pi05SglangHttpAdapter,
     Pi05SglangWebsocketAdapter,
 )
-from libero_eval.policy.client import HttpConnection
+from libero_eval.policy.http_connection import HttpConnection
 from libero_eval.policy.connection import ConnectionSpec, connect, policy_connection_spec
-from libero_eval.policy.ws_client import WebsocketConnection
+from libero_eval.policy.ws_connection import WebsocketConnection
 from libero_eval.rollout.env_worker import Command, EpisodeSpec, Reply, Status
 
 URL = "http://127.0.0.1:1"

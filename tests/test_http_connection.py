@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from libero_eval.policy import codec
-from libero_eval.policy.client import (
+from libero_eval.policy.http_connection import (
     HttpConnection,
     PolicyRequestRejected,
     PolicyResponseError,

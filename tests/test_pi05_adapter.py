@@ -13,7 +13,7 @@ from scipy.spatial.transform import Rotation
 from libero_eval.policy import openpi_transforms as T
 from libero_eval.policy.adapters import Observation, make_adapter
 from libero_eval.policy.adapters.pi05 import Pi05Adapter
-from libero_eval.policy.client import PolicyResponseError
+from libero_eval.policy.http_connection import PolicyResponseError
 from libero_eval.policy.connection import policy_connection_spec
 
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import pytest
 from websockets.sync.server import ServerConnection, serve
 
 from libero_eval.policy import codec
-from libero_eval.policy.client import PolicyRequestRejected, PolicyServerUnavailable
-from libero_eval.policy.ws_client import WebsocketConnection
+from libero_eval.policy.http_connection import PolicyRequestRejected, PolicyServerUnavailable
+from libero_eval.policy.ws_connection import WebsocketConnection
 
 
 @contextmanager

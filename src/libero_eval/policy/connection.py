@@ -4,9 +4,9 @@ A :class:`PolicyConnection` sends request bodies (built by a family adapter) and
 decoded answers; the adapters know nothing of protocols. Two implementations share the code
 here (URL and loopback checks, ``GET <health path>`` readiness, linear-backoff retries):
 
-- :class:`~libero_eval.policy.client.HttpConnection`: SGLang's action API
+- :class:`~libero_eval.policy.http_connection.HttpConnection`: SGLang's action API
   (``POST /v1/actions/generations``), msgpack or JSON bodies;
-- :class:`~libero_eval.policy.ws_client.WebsocketConnection`: openpi's websocket protocol
+- :class:`~libero_eval.policy.ws_connection.WebsocketConnection`: openpi's websocket protocol
   (one msgpack frame per request), spoken by openpi's ``serve_policy.py`` and SGLang's
   ``/openpi/policy``.
 
@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from libero_eval.policy.adapters.pi05 import DEFAULTS as PI05_DEFAULTS
-from libero_eval.policy.client import HttpConnection
+from libero_eval.policy.http_connection import HttpConnection
 from libero_eval.policy.connection_base import WIRE_FORMATS
-from libero_eval.policy.ws_client import WebsocketConnection
+from libero_eval.policy.ws_connection import WebsocketConnection
 
 PROTOCOLS = ("http", "websocket")
 #: policy.pi05.api -> (protocol, websocket path, readiness path)

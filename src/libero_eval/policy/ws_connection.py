@@ -13,7 +13,7 @@ pins ``numpy<2`` while LIBERO's stack here needs numpy 2, and this client adds w
 workflow needs (timeouts, reconnect-and-retry, readiness, errors that name the fix).
 
 One connection serves one request at a time: use one per thread, as with
-:class:`~libero_eval.policy.client.HttpConnection`; both implement
+:class:`~libero_eval.policy.http_connection.HttpConnection`; both implement
 :class:`~libero_eval.policy.connection.PolicyConnection`.
 """
 
