@@ -15,7 +15,11 @@ from test_pi05_adapter import REPO_ROOT, STATS, adapter, observation
 from libero_eval.policy import codec
 from libero_eval.policy import openpi_transforms as T
 from libero_eval.policy.adapters import make_adapter
-from libero_eval.policy.http_connection import HttpConnection, PolicyRequestRejected, PolicyResponseError
+from libero_eval.policy.http_connection import (
+    HttpConnection,
+    PolicyRequestRejected,
+    PolicyResponseError,
+)
 from libero_eval.policy.ws_connection import WebsocketConnection
 
 

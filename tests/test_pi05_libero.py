@@ -26,7 +26,7 @@ EPISODE = Episode("libero_spatial", 0, 0)
 def pi05_shard(tmp_path, **pi05):
     config = {
         "run_id": "pi05_libero",
-        "policy": {"family": "pi05", "http_max_retries": 0, "pi05": pi05},
+        "policy": {"family": "pi05", "pi05": pi05},
         "server": {"reference": {"policy": "scripted"}},
         "rollout": {
             "protocol": "openpi",
@@ -34,6 +34,7 @@ def pi05_shard(tmp_path, **pi05):
             "camera_size": 128,
             "envs_per_shard": 1,
             "send_privileged_state": True,
+            "failures": {"request_retries": 0},
         },
     }
     validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
