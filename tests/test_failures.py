@@ -9,12 +9,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+from test_ws_connection import echo_actions, ws_server
 
 from libero_eval import settings_schema
 from libero_eval.config import check_family_fields
 from libero_eval.failures import Action, FailureKind, FailurePolicy
 from libero_eval.faults import InjectedFault, parse_faults
 from libero_eval.plan import Episode
+from libero_eval.policy.connection import ConnectionSpec
 from libero_eval.policy.errors import (
     PolicyRequestRejected,
     PolicyResponseError,
@@ -22,7 +24,11 @@ from libero_eval.policy.errors import (
     TransientFailure,
 )
 from libero_eval.rollout.env_worker import Command, EpisodeSpec, Reply, Status
-from libero_eval.rollout.fault_injection import FaultyStore, faulty_env_workers
+from libero_eval.rollout.fault_injection import (
+    FaultyStore,
+    faulty_connections,
+    faulty_env_workers,
+)
 from libero_eval.store import EpisodeStore
 
 
@@ -153,3 +159,20 @@ def test_the_faulty_store_fails_the_shard_once_after_a_durable_record(tmp_path):
     store.write(Episode("libero_spatial", 0, 1), {"error": None})  # once only
     other = FaultyStore(EpisodeStore(tmp_path / "other"), plan, "shard001")
     other.write(episode, {"error": None})  # another shard is untouched
+
+
+def test_the_faulty_connection_rejects_the_shards_planned_request():
+    """The shard's policy threads share one count of requests: the 3rd of all is rejected
+    (before it reaches the server), the others are the server's answers."""
+    connect = faulty_connections(parse_faults("reject_request_at=3"))
+    failures = FailurePolicy.defaults(request_retries=0)
+    with ws_server(echo_actions) as url:
+        spec = ConnectionSpec(url, "websocket")
+        with connect(spec, failures) as first, connect(spec, failures) as second:
+            assert first.infer({"step": 1})["actions"][0, 0] == 1.0
+            assert second.infer({"step": 2})["actions"][0, 0] == 2.0
+            with pytest.raises(PolicyRequestRejected, match="reject_request_at") as info:
+                first.infer({"step": 3})
+            assert info.value.kind is FailureKind.REJECTED
+            assert second.infer({"step": 4})["actions"][0, 0] == 4.0
+            assert first.failures is failures  # everything else is the connection's

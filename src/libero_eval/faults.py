@@ -4,15 +4,17 @@ Faults are read from the environment variable ``LIBERO_EVAL_FAULT``: ``;``-separ
 ``name=value`` items, parsed here into a :class:`Faults` plan. When it is unset,
 :func:`active_faults` returns None and no code path changes. Set, the rollout job is composed
 with wrappers that carry the plan out (``libero_eval.rollout.fault_injection``): its env
-workers are wrapped in ``FaultyEnv`` and its episode store in ``FaultyStore``; the shard
-runner's loop has no fault hook. Episode counts are 1-based and count what THIS shard process
-did (a rerun starts again at 1).
+workers are wrapped in ``FaultyEnv``, its policy connections in ``FaultyConnection`` and its
+episode store in ``FaultyStore``; the shard runner's loop has no fault hook. Episode and
+request counts are 1-based and count what THIS shard process did (a rerun starts again at 1).
 
 =============================== ==================================================================
 ``crash_env_at_episode=N``      the env worker running the shard's N-th episode start kills
                                 itself (SIGKILL) after the reset: a crashed env process
 ``raise_env_at_episode=N``      the env raises while starting the shard's N-th episode
 ``nan_action_at_episode=N``     the policy's first action chunk of the N-th episode is NaN
+``reject_request_at=N``         the shard's N-th policy request is rejected, as an HTTP 4xx is:
+                                the shard fails at once (its finished episodes are kept)
 ``exit_shard_after_episodes=N`` the shard process SIGKILLs itself once N episodes are persisted
 ``fail_shard_once=SHARD:MARKER`` shard SHARD fails (exit 1) after its first persisted episode,
                                 once: it creates the file MARKER, and passes when MARKER exists
@@ -27,7 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV_VAR = "LIBERO_EVAL_FAULT"
-_COUNTS = ("crash_env_at_episode", "raise_env_at_episode", "nan_action_at_episode")
+_COUNTS = (
+    "crash_env_at_episode",
+    "raise_env_at_episode",
+    "nan_action_at_episode",
+    "reject_request_at",
+)
 
 
 class InjectedFault(RuntimeError):
@@ -41,6 +48,7 @@ class Faults:
     crash_env_at_episode: int | None = None
     raise_env_at_episode: int | None = None
     nan_action_at_episode: int | None = None
+    reject_request_at: int | None = None
     exit_shard_after_episodes: int | None = None
     fail_shard_once: tuple[str, Path] | None = None
 

@@ -8,19 +8,26 @@ wrapping what the shard runner is given, never by a hook in its loop:
   reset: ``crash``; the start answers an error: ``raise``), or the episode's first action
   chunk reaches the env as NaN. The workers of a shard share one count of episodes started
   (:class:`EpisodeCount`); a retried episode is not counted again and runs clean.
+- :class:`FaultyConnection` wraps a policy connection (`policy.connection.PolicyConnection`):
+  the shard's N-th request is rejected (``reject_request_at``), as a server answering 4xx
+  does; the connections of a shard's policy threads share one count (:class:`RequestCount`).
 - :class:`FaultyStore` wraps the episode store: after each durable record it lets the plan
   kill or fail the shard (``exit_shard_after_episodes``, ``fail_shard_once``).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
+from libero_eval.failures import FailurePolicy
 from libero_eval.faults import Faults
 from libero_eval.plan import Episode
+from libero_eval.policy.connection import ConnectionSpec, PolicyConnection, connect
+from libero_eval.policy.errors import PolicyRequestRejected
 from libero_eval.rollout.env_worker import Command, EnvWorker, EpisodeSpec, Reply, Status
 from libero_eval.store import EpisodeStore
 
@@ -92,6 +99,60 @@ def faulty_env_workers(
     :class:`EpisodeCount`."""
     count = EpisodeCount()
     return lambda index: FaultyEnv(make_worker(index), faults, count)
+
+
+class RequestCount:
+    """The policy requests a shard has sent, over all its policy threads (1-based)."""
+
+    def __init__(self) -> None:
+        self._sent = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            self._sent += 1
+            return self._sent
+
+
+class FaultyConnection:
+    """A policy connection whose shard's ``reject_request_at``-th request is rejected (before
+    it is sent); everything else is the wrapped connection's."""
+
+    def __init__(self, connection: PolicyConnection, faults: Faults, count: RequestCount):
+        self._connection = connection
+        self._faults = faults
+        self._count = count
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._connection, name)
+
+    def infer(self, payload: dict[str, Any]) -> dict[str, Any]:
+        number = self._count.next()
+        if number == self._faults.reject_request_at:
+            raise PolicyRequestRejected(
+                f"injected rejected request {number} (LIBERO_EVAL_FAULT reject_request_at)",
+                status=None,
+                detail=None,
+            )
+        return self._connection.infer(payload)
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+def faulty_connections(
+    faults: Faults,
+) -> Callable[[ConnectionSpec, FailurePolicy], FaultyConnection]:
+    """A factory of a shard's policy connections (`policy.connection.connect`), each wrapped
+    in a :class:`FaultyConnection` sharing one :class:`RequestCount`."""
+    count = RequestCount()
+    return lambda spec, failures: FaultyConnection(connect(spec, failures), faults, count)
 
 
 class FaultyStore:

@@ -211,12 +211,14 @@ class ShardRunner:
         latency: LatencyModel | None = None,
         server_batch: int = 1,
         env_workers: Callable[[int], EnvWorker] | None = None,
+        connections: Callable[[ConnectionSpec, FailurePolicy], PolicyConnection] | None = None,
     ):
         """`max_batch_size`: observations one request may carry; `server_batch`: the batch
         the server computes, larger where it merges concurrent requests itself (π0.5 on
         SGLang); `latency`: its latency model, measured at its start (None: learned from the
-        first answer); `env_workers`: builds env worker `i` (None: a plain `EnvWorker`;
-        `shard_job` wraps them to inject failures)."""
+        first answer); `env_workers`: builds env worker `i` (None: a plain `EnvWorker`);
+        `connections`: opens a policy thread's connection (None: `connect`); `shard_job`
+        wraps both to inject failures."""
         self.settings = settings
         self.latency = latency
         self.dispatch_log = DispatchLog()
@@ -224,6 +226,7 @@ class ShardRunner:
         self.env_workers = env_workers or (
             lambda index: EnvWorker(index, settings.env, settings.protocol)
         )
+        self.connections = connections or connect
         self.max_batch_size = max(1, max_batch_size)
         self.server_batch = max(self.max_batch_size, server_batch)
         self.store = store
@@ -243,7 +246,7 @@ class ShardRunner:
         """This thread's connection to the server (one request at a time each)."""
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            connection = connect(self._spec, self.failures)
+            connection = self.connections(self._spec, self.failures)
             self._local.connection = connection
             with self._connections_lock:
                 self._connections.append(connection)
@@ -500,11 +503,12 @@ def run_shard(
     dispatch_log: Path | None = None,
     capacity: dict[str, Any] | None = None,
     env_workers: Callable[[int], EnvWorker] | None = None,
+    connections: Callable[[ConnectionSpec, FailurePolicy], PolicyConnection] | None = None,
 ) -> list[dict[str, Any]]:
     """Run a shard end to end: wait for the server, run what is missing, write the Parquet
     and, with `dispatch_log`, the shard's requests and env times (JSON). `capacity`: the
     server's capacity probe from its service file, the dispatcher's first latency model;
-    `env_workers`: see `ShardRunner`."""
+    `env_workers`, `connections`: see `ShardRunner` (the probe uses a plain connection)."""
     finished = store.finished(episodes)  # one pass over the records, not one per episode
     pending = [ep for ep in episodes if ep not in finished]
     max_batch = 1
@@ -548,6 +552,7 @@ def run_shard(
         # the batch the server computes: larger than a request's where it merges requests
         server_batch=int((capacity or {}).get("max_batch_size", max_batch)),
         env_workers=env_workers,
+        connections=connections,
     )
     try:
         records = runner.run(episodes)
