@@ -33,7 +33,7 @@ import psutil
 import yaml
 
 from libero_eval.policy.adapters import Observation, make_adapter
-from libero_eval.policy.client import HttpConnection
+from libero_eval.policy.http_connection import HttpConnection
 from libero_eval.serve.launcher import ManagedServer
 from libero_eval.serve.settings import ServerSettings
 

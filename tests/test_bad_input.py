@@ -197,8 +197,13 @@ def broken_server(request) -> Iterator[str]:
 def shard_against(tmp_path: Path, url: str, **rollout) -> tuple:
     config = full_config(
         server={"reference": {"policy": "hold"}},
-        policy={"http_timeout_s": 0.5, "http_max_retries": 2, "http_retry_backoff_s": 0.05},
-        rollout={"max_steps": 16, "camera_size": 64, "envs_per_shard": 1, **rollout},
+        rollout={
+            "max_steps": 16,
+            "camera_size": 64,
+            "envs_per_shard": 1,
+            "failures": {"request_timeout_s": 0.5, "request_retries": 2, "retry_backoff_s": 0.05},
+            **rollout,
+        },
     )
     settings = RunSettings(config).shard_settings("shard000", 0, 1)
     store = EpisodeStore(tmp_path / "episodes")

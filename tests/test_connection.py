@@ -1,13 +1,11 @@
 """One connection interface: the endpoint picks the implementation; π0.5's adapter class per
-API; the fault hooks and the env wrapper (no LIBERO, no server)."""
+API; the env worker's messages (no LIBERO, no server)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from test_pi05_adapter import STATS, observation
 
-from libero_eval.faults import NO_FAULTS, FaultyEnv, fault_hooks, parse_faults
 from libero_eval.policy.adapters import make_adapter
 from libero_eval.policy.adapters.pi05 import (
     Pi05Adapter,
@@ -15,10 +13,10 @@ from libero_eval.policy.adapters.pi05 import (
     Pi05SglangHttpAdapter,
     Pi05SglangWebsocketAdapter,
 )
-from libero_eval.policy.client import HttpConnection
 from libero_eval.policy.connection import ConnectionSpec, connect, policy_connection_spec
-from libero_eval.policy.ws_client import WebsocketConnection
-from libero_eval.rollout.env_worker import Command, EpisodeSpec, Reply, Status
+from libero_eval.policy.http_connection import HttpConnection
+from libero_eval.policy.ws_connection import WebsocketConnection
+from libero_eval.rollout.env_worker import Command, Reply, Status
 
 URL = "http://127.0.0.1:1"
 
@@ -76,7 +74,7 @@ def test_bad_endpoint_settings_name_the_field(family, settings, message):
 def test_a_websocket_endpoint_speaks_msgpack_only():
     with pytest.raises(ValueError, match="msgpack only"):
         ConnectionSpec(URL, "websocket", "json")
-    with pytest.raises(ValueError, match="protocol 'grpc'"):
+    with pytest.raises(ValueError, match="channel 'grpc'"):
         ConnectionSpec(URL, "grpc")
 
 
@@ -94,42 +92,6 @@ def test_each_pi05_api_is_its_own_adapter_class(api, kind):
         assert type(adapter) is kind and isinstance(adapter, Pi05Adapter)
         assert adapter.api == api
         assert adapter.build_request([observation()], "r")
-
-
-def test_no_fault_plan_injects_nothing():
-    assert fault_hooks(None) is NO_FAULTS and not NO_FAULTS.injects_env_faults
-    chunk = np.zeros((5, 7))
-    assert NO_FAULTS.env_fault(0, 1, 1) is None and NO_FAULTS.chunk(0, chunk) is chunk
-
-
-def test_the_fault_plan_picks_first_attempts_and_spoils_one_chunk():
-    hooks = fault_hooks(
-        parse_faults("crash_env_at_episode=1;raise_env_at_episode=2;nan_action_at_episode=3")
-    )
-    assert hooks.injects_env_faults
-    assert hooks.env_fault(0, 1, 1) == "crash"
-    assert hooks.env_fault(0, 1, 2) is None  # the retry of a crashed episode runs clean
-    assert hooks.env_fault(1, 2, 1) == "raise"
-    assert hooks.env_fault(1, 3, 1) is None
-    chunk = np.zeros((5, 7))
-    assert hooks.chunk(0, chunk) is chunk
-    assert np.isnan(hooks.chunk(1, chunk)).all()
-    assert hooks.chunk(1, chunk) is chunk  # only the episode's first chunk
-
-
-def test_the_faulty_env_fails_a_start_that_asks_for_it():
-    class Env:
-        def start_episode(self, spec):
-            return "observation"
-
-        def close(self):
-            return "closed"
-
-    env = FaultyEnv(Env())
-    assert env.start_episode(EpisodeSpec("libero_spatial", 0, 0)) == "observation"
-    assert env.close() == "closed"
-    with pytest.raises(RuntimeError, match="injected env error"):
-        env.start_episode(EpisodeSpec("libero_spatial", 0, 0, fault="raise"))
 
 
 def test_worker_messages_are_typed_and_keep_their_wire_names():
@@ -164,4 +126,4 @@ def test_a_family_module_with_an_adapter_entry_is_registered_without_editing_the
     assert found["toyfam"].__name__ == "ToyAdapter"
     # served by SGLang's HTTP action API unless connection.py says otherwise
     spec = policy_connection_spec(URL, "toyfam", {})
-    assert (spec.protocol, spec.wire_format, spec.health_path) == ("http", "msgpack", "/health")
+    assert (spec.channel, spec.wire_format, spec.health_path) == ("http", "msgpack", "/health")

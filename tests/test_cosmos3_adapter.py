@@ -16,8 +16,8 @@ from libero_eval.policy import actions as am
 from libero_eval.policy import codec
 from libero_eval.policy.adapters import ADAPTERS, Observation, make_adapter
 from libero_eval.policy.adapters.cosmos3 import Cosmos3Adapter
-from libero_eval.policy.client import PolicyResponseError
 from libero_eval.policy.connection import policy_connection_spec
+from libero_eval.policy.http_connection import PolicyResponseError
 
 STATS_PATH = (
     Path(__file__).resolve().parents[1]

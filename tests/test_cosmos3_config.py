@@ -66,7 +66,8 @@ def test_seed_config_carries_the_reference_settings():
     assert policy["num_action_chunks"] == 16 and policy["num_frames"] == 17
     assert policy["size"] == "320x192" and policy["seed"] == 1140
     assert policy["num_inference_steps"] == 30 and policy["domain_name"] == "libero"
-    assert policy["normalization"] == "quantile_rot" and seed["policy"]["http_timeout_s"] == 600
+    assert policy["normalization"] == "quantile_rot"
+    assert seed["rollout"]["failures"]["request_timeout_s"] == 600
     assert seed["rollout"]["total_num_envs"] == 128 and seed["rollout"]["protocol"] == "rlinf"
     # max_episode_steps 480 comes from the protocol, per suite, not from one override for all
     assert "max_steps" not in seed["rollout"]

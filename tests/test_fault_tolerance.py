@@ -57,8 +57,8 @@ def write_config(workdir: Path, run_id: str, **rollout: object) -> Path:
             "reference": {"policy": "hold", "latency_fixed_s": 0.05},
             "teardown_grace_s": 3,
         },
-        "policy": {"http_max_retries": 2, "http_retry_backoff_s": 0.2, "http_timeout_s": 20},
         "rollout": {
+            "failures": {"request_retries": 2, "retry_backoff_s": 0.2, "request_timeout_s": 20},
             "send_privileged_state": False,
             "max_steps": 16,
             "camera_size": 64,

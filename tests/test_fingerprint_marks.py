@@ -28,6 +28,7 @@ OTHER_VALUES = {
     "runtime_min": 30,
     "env_niceness": 0,
     "videos": {"enabled": True, "frame_stride": 2},
+    "failures": {"request_retries": 0, "episode_attempts": 1, "request_timeout_s": 5},
 }
 
 

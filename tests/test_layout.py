@@ -24,6 +24,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "suites",
             "eventlog",
             "faults",
+            "failures",
             "published",
             "service",
         ),

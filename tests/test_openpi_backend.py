@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_launcher import survivors, wait_for_pids
 
-from libero_eval.policy.ws_client import WebsocketConnection
+from libero_eval.policy.ws_connection import WebsocketConnection
 from libero_eval.serve.command import build_command
 from libero_eval.serve.launcher import ManagedServer
 from libero_eval.serve.settings import ServerSettings, ServerSettingsError

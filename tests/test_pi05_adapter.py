@@ -13,8 +13,8 @@ from scipy.spatial.transform import Rotation
 from libero_eval.policy import openpi_transforms as T
 from libero_eval.policy.adapters import Observation, make_adapter
 from libero_eval.policy.adapters.pi05 import Pi05Adapter
-from libero_eval.policy.client import PolicyResponseError
 from libero_eval.policy.connection import policy_connection_spec
+from libero_eval.policy.http_connection import PolicyResponseError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 STATS = REPO_ROOT / "src" / "libero_eval" / "data" / "stats" / "pi05_libero_norm_stats.json"

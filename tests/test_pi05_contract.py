@@ -15,8 +15,12 @@ from test_pi05_adapter import REPO_ROOT, STATS, adapter, observation
 from libero_eval.policy import codec
 from libero_eval.policy import openpi_transforms as T
 from libero_eval.policy.adapters import make_adapter
-from libero_eval.policy.client import HttpConnection, PolicyRequestRejected, PolicyResponseError
-from libero_eval.policy.ws_client import WebsocketConnection
+from libero_eval.policy.http_connection import (
+    HttpConnection,
+    PolicyRequestRejected,
+    PolicyResponseError,
+)
+from libero_eval.policy.ws_connection import WebsocketConnection
 
 
 def encoded(payload: dict, wire: str) -> tuple[bytes, str]:

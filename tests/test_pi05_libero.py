@@ -4,12 +4,19 @@ state and image checks hold on real observations, and fail loudly for wrong stat
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from http import HTTPStatus
 from pathlib import Path
 
 import pytest
 from snakemake.utils import validate
 from test_pi05_adapter import STATS
 from test_pi05_reference import COSMOS3_STATS
+from websockets.sync.client import connect as ws_connect
+from websockets.sync.server import ServerConnection, serve
 
 from libero_eval.config import RunSettings
 from libero_eval.plan import Episode
@@ -26,7 +33,7 @@ EPISODE = Episode("libero_spatial", 0, 0)
 def pi05_shard(tmp_path, **pi05):
     config = {
         "run_id": "pi05_libero",
-        "policy": {"family": "pi05", "http_max_retries": 0, "pi05": pi05},
+        "policy": {"family": "pi05", "pi05": pi05},
         "server": {"reference": {"policy": "scripted"}},
         "rollout": {
             "protocol": "openpi",
@@ -34,6 +41,7 @@ def pi05_shard(tmp_path, **pi05):
             "camera_size": 128,
             "envs_per_shard": 1,
             "send_privileged_state": True,
+            "failures": {"request_retries": 0},
         },
     }
     validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
@@ -55,6 +63,53 @@ def test_a_pi05_episode_runs_over_the_websocket_with_checked_state_and_images(tm
     assert record["error"] is None
     assert record["protocol"] == "openpi"
     assert record["policy_calls"] == 4  # 20 policy steps, replanning every 5
+
+
+@contextmanager
+def crashing_once_in_front_of(upstream: str) -> Iterator[str]:
+    """A websocket server in front of the reference server's ``/openpi/policy`` whose first
+    request is answered by a close with code 1011 (internal error), as a server that fails
+    inside does; every other frame goes to the reference server and back."""
+    crashed: list[bool] = []
+
+    def health(connection: ServerConnection, request):
+        if request.path == "/health":
+            return connection.respond(HTTPStatus.OK, "ok\n")
+        return None
+
+    def handler(ws: ServerConnection) -> None:
+        with ws_connect(upstream.replace("http", "ws") + "/openpi/policy") as up:
+            ws.send(up.recv())  # the server's metadata
+            for frame in ws:
+                if not crashed:
+                    crashed.append(True)
+                    ws.close(code=1011, reason="Internal server error")
+                    return
+                up.send(frame)
+                ws.send(up.recv())
+
+    server = serve(handler, "127.0.0.1", 0, process_request=health, compression=None)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.socket.getsockname()[1]}"
+    finally:
+        server.shutdown()
+        thread.join(timeout=5)
+    assert crashed  # the close happened
+
+
+def test_a_websocket_close_with_1011_is_retried_and_the_episode_completes(tmp_path, url):
+    """A transient server failure on the websocket (close 1011, no error frame) is retried
+    like an HTTP 5xx (rollout.failures), not a rejected request that fails the shard."""
+    settings, store = pi05_shard(tmp_path, api="sglang_websocket", norm_stats_path=str(STATS))
+    settings.failures = replace(settings.failures, request_retries=1, retry_backoff_s=0.0)
+    with crashing_once_in_front_of(url) as proxy:
+        (record,) = run_shard(
+            [EPISODE], settings, store, proxy, tmp_path / "s.parquet", progress=False
+        )
+    assert record["error"] is None
+    assert record["policy_calls"] == 4  # the retried request is one call
 
 
 def test_client_statistics_other_than_the_models_fail_the_shard_loudly(tmp_path, url):

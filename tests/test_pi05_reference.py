@@ -14,8 +14,12 @@ import yaml
 from test_pi05_adapter import STATS, adapter, observation
 
 from libero_eval.policy.adapters import make_adapter
-from libero_eval.policy.client import HttpConnection, PolicyRequestRejected, PolicyResponseError
 from libero_eval.policy.connection import connect, policy_connection_spec
+from libero_eval.policy.http_connection import (
+    HttpConnection,
+    PolicyRequestRejected,
+    PolicyResponseError,
+)
 from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 

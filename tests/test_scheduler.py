@@ -1,5 +1,6 @@
 """The shard's episode scheduler alone: which worker runs what, retries, counts, progress."""
 
+from libero_eval.failures import FailurePolicy
 from libero_eval.plan import Episode
 from libero_eval.rollout.scheduler import EpisodeScheduler
 
@@ -65,7 +66,9 @@ def test_with_batches_of_one_a_worker_keeps_its_own_task_and_joins_no_other():
 def test_an_episode_whose_worker_died_is_retried_once_then_fails():
     progress = []
     scheduler = EpisodeScheduler(
-        PENDING[:2], max_attempts=2, progress=lambda *args: progress.append(args)
+        PENDING[:2],
+        failures=FailurePolicy.defaults(episode_attempts=2),
+        progress=lambda *args: progress.append(args),
     )
     first = scheduler.start(0, scheduler.next_for(0))
     retry = scheduler.retry(0)

@@ -33,7 +33,7 @@ def _transport_costs(
     from libero_eval.policy import codec
     from libero_eval.policy.actions import preprocess_observation_image
     from libero_eval.policy.adapters import make_adapter
-    from libero_eval.policy.client import HttpConnection
+    from libero_eval.policy.http_connection import HttpConnection
     from libero_eval.reference.requests import decode_body, parse_generation_request
     from libero_eval.reference.responses import generation_envelope
     from libero_eval.reference.settings import ReferenceServerSettings

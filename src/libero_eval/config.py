@@ -20,6 +20,8 @@ from typing import Any
 
 from libero_eval import package_data, settings_schema
 from libero_eval import suites as suite_catalog
+from libero_eval.failures import FailurePolicy
+from libero_eval.faults import active_faults
 from libero_eval.plan import Episode, Shard, check_seeds, make_shards, plan_episodes, read_shard
 from libero_eval.policy.adapters import ADAPTERS, PolicyAdapter, make_adapter
 from libero_eval.policy.capacity import CapacityProbe
@@ -28,7 +30,7 @@ from libero_eval.published import check_published_config
 from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.rollout.render_device import RenderPlan, plan_render_env
-from libero_eval.rollout.runner import ClientSettings, ShardSettings
+from libero_eval.rollout.runner import ShardSettings
 from libero_eval.rollout.shard_job import RolloutJob, ShardPaths
 from libero_eval.serve.settings import ServerSettings
 from libero_eval.store import fingerprint
@@ -53,10 +55,40 @@ def family_fields(family: str) -> tuple[str, ...]:
     return settings_schema.fields("policy", family)
 
 
+# policy.<old key> -> rollout.failures.<new key>: the request knobs moved under the one section
+# of failure settings (issue 26)
+MOVED_TO_FAILURES = {
+    "http_timeout_s": "request_timeout_s",
+    "http_max_retries": "request_retries",
+    "http_retry_backoff_s": "retry_backoff_s",
+}
+
+
+def move_failure_fields(config: dict[str, Any]) -> list[str]:
+    """Read ``policy.http_*`` (the layout before issue 26) as ``rollout.failures.*``, with a
+    deprecation message naming the old and the new key; where both are set, the old key wins
+    (as for the Cosmos3 fields below). Returns the messages."""
+    policy = config.get("policy")
+    if not isinstance(policy, dict) or not any(key in policy for key in MOVED_TO_FAILURES):
+        return []
+    rollout = config.setdefault("rollout", {})
+    if not isinstance(rollout, dict) or not isinstance(rollout.get("failures", {}), dict):
+        return []  # the schema reports it
+    failures = rollout.setdefault("failures", {})
+    moved = [key for key in MOVED_TO_FAILURES if key in policy]
+    for key in moved:
+        failures[MOVED_TO_FAILURES[key]] = policy.pop(key)
+    return [
+        f"{', '.join('policy.' + key for key in moved)}: deprecated, read as "
+        f"{', '.join('rollout.failures.' + MOVED_TO_FAILURES[key] for key in moved)}. "
+        "Every failure setting now lives under rollout.failures: move them there"
+    ]
+
+
 def check_family_fields(config: dict[str, Any]) -> list[str]:
-    """Upgrade an older layout and reject settings of the other model family; call BEFORE
-    schema validation fills defaults (the schema gives every field a default, so this runs on
-    the config as written).
+    """Upgrade an older layout (``move_failure_fields`` too) and reject settings of the other
+    model family; call BEFORE schema validation fills defaults (the schema gives every field a
+    default, so this runs on the config as written).
 
     Each family's settings are under ``policy.<family>``. Cosmos3 fields written directly under
     ``policy`` (the layout before issue 21) are moved to ``policy.cosmos3`` with a
@@ -64,12 +96,12 @@ def check_family_fields(config: dict[str, Any]) -> list[str]:
     old key (e.g. from an overlay written for the old layout) wins. Returns the warnings'
     messages (the workflow prints them).
     """
+    deprecations = move_failure_fields(config)
     policy = config.get("policy") or {}
     if not isinstance(policy, dict):
         return []  # the schema reports it
     family = policy.get("family", "cosmos3")
     old_layout = [key for key in family_fields("cosmos3") if key in policy]
-    deprecations: list[str] = []
     if family == "pi05":
         if old_layout:
             raise ConfigError(
@@ -457,6 +489,11 @@ class RunSettings:
         return server_settings(self.config, slot)
 
     @cached_property
+    def failures(self) -> FailurePolicy:
+        """What a shard does about a failure (``rollout.failures``, libero_eval.failures)."""
+        return FailurePolicy.from_config(self.config["rollout"]["failures"])
+
+    @cached_property
     def capacity_probe(self) -> CapacityProbe:
         """How a serve job measures its server at start (`libero_eval.policy.capacity`): the
         family's adapter settings and endpoint, and how many one-observation requests the
@@ -473,7 +510,7 @@ class RunSettings:
             merged_batch_size=merged,
             camera_size=self.config["rollout"]["camera_size"],
             privileged_state=self.config["rollout"]["send_privileged_state"],
-            timeout_s=self.config["policy"]["http_timeout_s"],
+            timeout_s=self.failures.request_timeout_s,
         )
 
     def render_plan(self, slot: int) -> RenderPlan:
@@ -495,7 +532,9 @@ class RunSettings:
         settings = self.shard_settings(
             shard_name, shard.slot, envs_per_shard, paths.event_log, paths.video_dir, render
         )
-        return RolloutJob(shard=shard, render=render, settings=settings)
+        # a fault-injection test's plan (LIBERO_EVAL_FAULT): the job wraps what the shard
+        # runs with (libero_eval.rollout.fault_injection)
+        return RolloutJob(shard=shard, render=render, settings=settings, faults=active_faults())
 
     def shard_settings(
         self,
@@ -529,11 +568,7 @@ class RunSettings:
             ),
             adapter=self.adapter,
             endpoint=policy_connection_spec("", policy["family"], family_settings(self.config)),
-            client=ClientSettings(
-                timeout_s=policy["http_timeout_s"],
-                max_retries=policy["http_max_retries"],
-                retry_backoff_s=policy["http_retry_backoff_s"],
-            ),
+            failures=self.failures,
             envs_per_shard=max(1, envs_per_shard),
             max_inflight_requests=rollout["max_inflight_requests"],
             batch_timeout_s=rollout["batch_timeout_s"],

@@ -1,19 +1,22 @@
-"""One interface to a policy server, whatever protocol it speaks.
+"""One interface to a policy server, whatever channel (wire protocol) it speaks.
 
 A :class:`PolicyConnection` sends request bodies (built by a family adapter) and returns the
-decoded answers; the adapters know nothing of protocols. Two implementations share the code
-here (URL and loopback checks, ``GET <health path>`` readiness, linear-backoff retries):
+decoded answers; the adapters know nothing of channels. (The *episode* protocol, how an
+episode runs, is another thing: ``libero_eval.rollout.protocols``.) Two implementations share
+the code in ``policy/connection_base.py`` (URL and loopback checks, ``GET <health path>``
+readiness, the retries the failure policy allows):
 
-- :class:`~libero_eval.policy.client.HttpConnection`: SGLang's action API
+- :class:`~libero_eval.policy.http_connection.HttpConnection`: SGLang's action API
   (``POST /v1/actions/generations``), msgpack or JSON bodies;
-- :class:`~libero_eval.policy.ws_client.WebsocketConnection`: openpi's websocket protocol
+- :class:`~libero_eval.policy.ws_connection.WebsocketConnection`: openpi's websocket protocol
   (one msgpack frame per request), spoken by openpi's ``serve_policy.py`` and SGLang's
   ``/openpi/policy``.
 
 :class:`ConnectionSpec` describes the server's endpoint; :func:`connect` picks the
 implementation from it, and :func:`policy_connection_spec` derives it from the policy
 settings' server-facing keys (``policy.cosmos3.transport``, ``policy.pi05.api`` and
-``policy.pi05.wire_format``). The shared code is in ``policy/connection_base.py``.
+``policy.pi05.wire_format``). A connection classifies each of its failures
+(``policy/errors.py``) and retries as its :class:`~libero_eval.failures.FailurePolicy` says.
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from libero_eval.failures import FailurePolicy
 from libero_eval.policy.adapters.pi05 import DEFAULTS as PI05_DEFAULTS
-from libero_eval.policy.client import HttpConnection
 from libero_eval.policy.connection_base import WIRE_FORMATS
-from libero_eval.policy.ws_client import WebsocketConnection
+from libero_eval.policy.http_connection import HttpConnection
+from libero_eval.policy.ws_connection import WebsocketConnection
 
-PROTOCOLS = ("http", "websocket")
-#: policy.pi05.api -> (protocol, websocket path, readiness path)
+CHANNELS = ("http", "websocket")
+#: policy.pi05.api -> (channel, websocket path, readiness path)
 PI05_API_ENDPOINTS: dict[str, tuple[str, str, str]] = {
     "sglang_http": ("http", "", "/health"),
     "sglang_websocket": ("websocket", "/openpi/policy", "/health"),
@@ -40,28 +44,27 @@ PI05_API_ENDPOINTS: dict[str, tuple[str, str, str]] = {
 class ConnectionSpec:
     """Where a policy server listens and how it talks.
 
-    ``url``: ``http://HOST:PORT``; ``protocol``: ``http`` or ``websocket``; ``wire_format``:
+    ``url``: ``http://HOST:PORT``; ``channel``: the wire protocol, ``http`` or ``websocket``
+    (not the episode protocol of ``rollout.protocol``); ``wire_format``:
     the body encoding, ``msgpack`` or ``json`` (websocket: msgpack only); ``path``: the
     websocket path; ``health_path``: answered with HTTP 200 once the server is ready.
     """
 
     url: str
-    protocol: str = "http"
+    channel: str = "http"
     wire_format: str = "msgpack"
     path: str = ""
     health_path: str = "/health"
 
     def __post_init__(self) -> None:
-        if self.protocol not in PROTOCOLS:
-            raise ValueError(
-                f"policy connection protocol {self.protocol!r} is not one of {PROTOCOLS}"
-            )
+        if self.channel not in CHANNELS:
+            raise ValueError(f"policy connection channel {self.channel!r} is not one of {CHANNELS}")
         if self.wire_format not in WIRE_FORMATS:
             raise ValueError(
                 f"policy connection wire_format {self.wire_format!r} is not one of "
                 f"{WIRE_FORMATS} (set by policy.cosmos3.transport / policy.pi05.wire_format)"
             )
-        if self.protocol == "websocket" and self.wire_format != "msgpack":
+        if self.channel == "websocket" and self.wire_format != "msgpack":
             raise ValueError("a websocket policy server speaks msgpack only (openpi's protocol)")
         if not self.health_path.startswith("/"):
             raise ValueError(f"health path must start with '/', got {self.health_path!r}")
@@ -88,10 +91,10 @@ def policy_connection_spec(url: str, family: str, settings: dict[str, Any]) -> C
             raise ValueError(
                 f"policy.pi05.api must be one of {list(PI05_API_ENDPOINTS)}, got {api!r}"
             )
-        protocol, path, health_path = PI05_API_ENDPOINTS[api]
+        channel, path, health_path = PI05_API_ENDPOINTS[api]
         wire = block.get("wire_format", PI05_DEFAULTS["wire_format"])
         return ConnectionSpec(
-            url, protocol, wire if protocol == "http" else "msgpack", path, health_path
+            url, channel, wire if channel == "http" else "msgpack", path, health_path
         )
     if family != "cosmos3":  # any other family: SGLang's HTTP action API with msgpack
         return ConnectionSpec(url)
@@ -138,26 +141,15 @@ class PolicyConnection(Protocol):
 
 
 def connect(
-    spec: ConnectionSpec,
-    timeout_s: float = 600,
-    max_retries: int = 5,
-    retry_backoff_s: float = 1.0,
+    spec: ConnectionSpec, failures: FailurePolicy | None = None, **overrides: Any
 ) -> PolicyConnection:
-    """The connection implementation ``spec`` describes."""
-    if spec.protocol == "websocket":
+    """The connection implementation ``spec`` describes, retrying as ``failures`` says (None:
+    the schema's ``rollout.failures`` defaults); ``overrides``: ``timeout_s``, ``max_retries``,
+    ``retry_backoff_s`` in place of the policy's."""
+    if spec.channel == "websocket":
         return WebsocketConnection(
-            spec.url,
-            spec.path,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            retry_backoff_s=retry_backoff_s,
-            health_path=spec.health_path,
+            spec.url, spec.path, failures, health_path=spec.health_path, **overrides
         )
     return HttpConnection(
-        spec.url,
-        timeout_s=timeout_s,
-        max_retries=max_retries,
-        retry_backoff_s=retry_backoff_s,
-        wire_format=spec.wire_format,
-        health_path=spec.health_path,
+        spec.url, failures, spec.wire_format, health_path=spec.health_path, **overrides
     )

@@ -1,17 +1,20 @@
-"""What the HTTP and websocket policy connections share: URL and settings checks, loopback
-proxy handling, ``GET <health path>`` readiness, and one linear-backoff retry loop."""
+"""What the HTTP and websocket policy connections share: URL checks, loopback proxy handling,
+``GET <health path>`` readiness, and one retry loop that asks the failure policy
+(:class:`~libero_eval.failures.FailurePolicy`) what a classified failure means."""
 
 from __future__ import annotations
 
 import ipaddress
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Self, TypeVar
 from urllib.parse import urlsplit
 
 import requests
 
-from libero_eval.policy.errors import PolicyServerUnavailable
+from libero_eval.failures import Action, FailureKind, FailurePolicy
+from libero_eval.policy.errors import PolicyClientError, PolicyServerUnavailable
 
 WIRE_FORMATS = ("msgpack", "json")
 
@@ -30,40 +33,42 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-class RetryableFailure(Exception):
-    """One attempt failed in a way worth retrying; the message says how."""
-
-
 class ConnectionBase:
-    """What both connections share: settings checks, an HTTP session for readiness (proxies
-    from the environment ignored for loopback URLs: a cluster's ``http_proxy`` must not
-    capture ``127.0.0.1``), and the retry loop."""
+    """What both connections share: the failure policy, an HTTP session for readiness
+    (proxies from the environment ignored for loopback URLs: a cluster's ``http_proxy`` must
+    not capture ``127.0.0.1``), and the retry loop."""
 
     def __init__(
         self,
         base_url: str,
-        timeout_s: float,
-        max_retries: int,
-        retry_backoff_s: float,
+        failures: FailurePolicy | None,
         health_path: str,
         sleep: Callable[[float], None],
         schemes: tuple[str, ...] = ("http", "https"),
+        **overrides: float | None,
     ):
+        """``failures``: the run's failure policy (``rollout.failures``); None: the schema's
+        defaults. ``overrides`` (``timeout_s``, ``max_retries``, ``retry_backoff_s``, None:
+        left as they are) replace its request settings, for a connection built outside a
+        run (a probe, a test, a benchmark)."""
         parts = urlsplit(base_url)
         if parts.scheme not in schemes or not parts.hostname:
             raise ValueError(
                 f"policy server URL {base_url!r} must look like http://HOST:PORT "
                 "(check policy.url / the server slot's host and port)"
             )
-        if not timeout_s > 0:
-            raise ValueError(f"policy client timeout_s must be > 0, got {timeout_s}")
-        if not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"policy client max_retries must be an int >= 0, got {max_retries}")
-        if not retry_backoff_s >= 0:
-            raise ValueError(f"policy client retry_backoff_s must be >= 0, got {retry_backoff_s}")
-        self.timeout_s = float(timeout_s)
-        self.max_retries = max_retries
-        self.retry_backoff_s = float(retry_backoff_s)
+        names = {
+            "timeout_s": "request_timeout_s",
+            "max_retries": "request_retries",
+            "retry_backoff_s": "retry_backoff_s",
+        }
+        changes = {names[k]: v for k, v in overrides.items() if v is not None}
+        if failures is None:
+            failures = FailurePolicy.defaults(**changes)
+        elif changes:
+            failures = replace(failures, **changes)
+        self.failures = failures
+        self.timeout_s = float(failures.request_timeout_s)
         self.health_path = health_path
         # the latest call of this instance: its successful attempt's wall time, its attempts
         self.last_latency_s: float | None = None
@@ -134,25 +139,31 @@ class ConnectionBase:
         failed: Callable[[int, str], str],
         on_failure: Callable[[], None] | None = None,
     ) -> T:
-        """``attempt_once()`` until it returns, at most ``max_retries + 1`` times, sleeping
-        ``k * retry_backoff_s`` before retry ``k``. Only :class:`RetryableFailure` is retried
-        (``on_failure`` runs after each); ``failed(attempts, last_error)`` is the message of
-        the :class:`PolicyServerUnavailable` raised when the attempts are used up."""
-        attempts = self.max_retries + 1
-        last_error = ""
-        for attempt in range(1, attempts + 1):
+        """``attempt_once()`` until it returns. It raises a classified
+        :class:`~libero_eval.policy.errors.PolicyClientError`; ``on_failure`` runs after each,
+        and the failure policy says what follows: retry (after ``k * retry_backoff_s``), or
+        give up. A transient failure given up on becomes :class:`PolicyServerUnavailable`
+        with the message ``failed(attempts, last_error)``; any other kind is raised as it is
+        (the shard decides about it)."""
+        attempt = 0
+        while True:
+            attempt += 1
             started = time.monotonic()
             try:
                 result = attempt_once()
-            except RetryableFailure as failure:
-                last_error = str(failure)
+            except PolicyClientError as failure:
                 if on_failure is not None:
                     on_failure()
+                self.last_attempts = attempt
+                action = self.failures.decide(failure.kind, attempt)
+                if action is not Action.RETRY_REQUEST:
+                    if failure.kind is FailureKind.TRANSIENT:
+                        raise PolicyServerUnavailable(
+                            failed(attempt, str(failure)), attempts=attempt
+                        ) from failure
+                    raise
+                self._sleep(self.failures.backoff_s(attempt))
             else:
                 self.last_latency_s = time.monotonic() - started
                 self.last_attempts = attempt
                 return result
-            if attempt < attempts:
-                self._sleep(attempt * self.retry_backoff_s)
-        self.last_attempts = attempts
-        raise PolicyServerUnavailable(failed(attempts, last_error))

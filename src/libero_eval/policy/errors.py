@@ -1,22 +1,47 @@
-"""The errors a policy connection raises (HTTP and websocket alike)."""
+"""The errors a policy connection raises (HTTP and websocket alike), each of one
+:class:`~libero_eval.failures.FailureKind`: a connection classifies a failure once, by the
+error it raises, and :class:`~libero_eval.failures.FailurePolicy` decides what follows."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from libero_eval.failures import FailureKind
+
 
 class PolicyClientError(RuntimeError):
-    """Base class of the policy connection's errors."""
+    """Base class of the policy connection's errors; ``kind`` is what the failure says."""
+
+    kind: FailureKind
+
+
+class TransientFailure(PolicyClientError):
+    """One try of a request failed in a way the same request may not fail again: connection
+    refused or reset, a timeout, HTTP 5xx, a websocket closed before the answer (1011
+    internal error included). The connection retries it as its failure policy says."""
+
+    kind = FailureKind.TRANSIENT
 
 
 class PolicyServerUnavailable(PolicyClientError):
-    """The server did not answer (connection refused, timeout, 5xx) within the allowed tries."""
+    """Transient failures until the failure policy gave up (``attempts`` tries), or a server
+    that never became ready: the server is gone."""
+
+    kind = FailureKind.TRANSIENT
+
+    def __init__(self, message: str, attempts: int | None = None):
+        super().__init__(message)
+        self.attempts = attempts
 
 
 class PolicyRequestRejected(PolicyClientError):
-    """The server rejected the request (HTTP 4xx, websocket error frame); retrying cannot help."""
+    """The server rejected the request (HTTP 4xx, a websocket error frame, or a close saying
+    the request is bad); retrying cannot help. ``status``: the HTTP status or websocket close
+    code (None for an error frame)."""
 
-    def __init__(self, message: str, status: int, detail: Any):
+    kind = FailureKind.REJECTED
+
+    def __init__(self, message: str, status: int | None, detail: Any):
         super().__init__(message)
         self.status = status
         self.detail = detail
@@ -24,3 +49,5 @@ class PolicyRequestRejected(PolicyClientError):
 
 class PolicyResponseError(PolicyClientError):
     """The server answered with a body that cannot be decoded or is not a valid action."""
+
+    kind = FailureKind.BAD_ANSWER

@@ -28,7 +28,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from libero_eval.faults import FaultyEnv
 from libero_eval.policy.adapters.base import Observation
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.suites import instruction
@@ -61,7 +60,6 @@ class EpisodeSpec:
     suite: str
     task_id: int
     init_state_id: int
-    fault: str | None = None  # fault injection only (libero_eval.faults.FaultyEnv)
     seed: int | None = None  # the episode's run seed (plan.seeds); None: the protocol's
 
 
@@ -469,15 +467,12 @@ def _worker_main(
     settings: EnvSettings,
     protocol: EpisodeProtocol,
     name: str = "libero-env",
-    inject_faults: bool = False,
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if settings.niceness:  # the server sharing the node's cores runs first
         os.nice(settings.niceness)
     _exit_with_parent(name)
-    env: Any = LiberoEpisodeEnv(settings, protocol)
-    if inject_faults:  # an EpisodeSpec's fault fails its start (libero_eval.faults)
-        env = FaultyEnv(env)
+    env = LiberoEpisodeEnv(settings, protocol)
     while True:
         try:
             command, payload = conn.recv()
@@ -524,12 +519,10 @@ class EnvWorker:
         index: int,
         settings: EnvSettings,
         protocol: EpisodeProtocol,
-        inject_faults: bool = False,
     ):
         self.index = index
         self.settings = settings
         self.protocol = protocol
-        self.inject_faults = inject_faults
         self.conn = None
         self.process = None
         self.busy = False
@@ -545,7 +538,6 @@ class EnvWorker:
                 self.settings,
                 self.protocol,
                 f"libero-env-{self.index}",
-                self.inject_faults,
             ),
             name=f"libero-env-{self.index}",
             daemon=True,

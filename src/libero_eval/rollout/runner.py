@@ -11,11 +11,14 @@ once, so a killed shard loses only the episodes in flight. Which episode a worke
 and writes the shard's dispatch log (every request, and the envs' time waiting and stepping),
 from which the run reports its GPU efficiency.
 
-Failures: an episode whose env raises, or whose policy answer is unusable (NaN, wrong shape,
-undecodable), is recorded with its error and the shard goes on; an env worker process that
-dies is restarted and its episode retried once. A server that stays unreachable after the
-client's retries, rejects requests (4xx), or answers garbage to several requests in a row
-fails the shard with `ShardFailed`; finished episodes stay in the store for the rerun.
+Failures have one owner, `libero_eval.failures.FailurePolicy` (`rollout.failures`): every
+failure arrives classified (the connection's errors carry their kind; an env worker's reply is
+an env error or a dead process) and the policy says what follows: the connection retries a
+transient failure itself; here an episode is retried on a restarted worker, recorded with its
+error, or the shard fails with `ShardFailed` (a server gone after its retries, a rejected
+request, too many bad answers in a row); finished episodes stay in the store for the rerun.
+Failures injected on purpose (the tests' `LIBERO_EVAL_FAULT`) wrap the env workers and the store
+the runner is given (composed in `shard_job`); its loop has no hook for them.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from libero_eval.eventlog import episode_line, log_event
-from libero_eval.faults import NO_FAULTS, Faults, NoFaults, active_faults, fault_hooks
+from libero_eval.failures import Action, FailureKind, FailurePolicy
 from libero_eval.plan import Episode
 from libero_eval.policy.adapters.base import Observation, PolicyAdapter
 from libero_eval.policy.connection import (
@@ -43,12 +46,7 @@ from libero_eval.policy.connection import (
     PolicyConnection,
     connect,
 )
-from libero_eval.policy.errors import (
-    PolicyClientError,
-    PolicyRequestRejected,
-    PolicyResponseError,
-    PolicyServerUnavailable,
-)
+from libero_eval.policy.errors import PolicyClientError
 from libero_eval.rollout.dispatch import Dispatcher, LatencyModel
 from libero_eval.rollout.dispatch_log import DispatchLog
 from libero_eval.rollout.env_worker import (
@@ -70,13 +68,6 @@ class ShardFailed(RuntimeError):
 
 
 @dataclass
-class ClientSettings:
-    timeout_s: float = 600.0
-    max_retries: int = 5
-    retry_backoff_s: float = 1.0
-
-
-@dataclass
 class ShardSettings:
     """What a shard runs with; composed above this layer (`libero_eval.config.RunSettings`)."""
 
@@ -86,18 +77,16 @@ class ShardSettings:
     protocol: EpisodeProtocol  # its seed is the run's seed (recorded in every row)
     env: EnvSettings
     adapter: PolicyAdapter  # built once, by whoever composed the job (its statistics loaded)
-    # the server's endpoint (protocol, wire format, paths); its URL comes from the service file
+    # the server's endpoint (channel, wire format, paths); its URL comes from the service file
     endpoint: ConnectionSpec = field(default_factory=lambda: ConnectionSpec(""))
-    client: ClientSettings = field(default_factory=ClientSettings)
+    # what a failure leads to (rollout.failures); None: the schema's defaults
+    failures: FailurePolicy | None = None
     envs_per_shard: int = 2
     # requests at the server at once (one computing, the rest queued behind it); None: as
     # many as the envs fill, ceil(envs / the server's max batch)
     max_inflight_requests: int | None = None
     batch_timeout_s: float = 1.0  # a partial batch waits no longer at an idle server
     health_timeout_s: float = 900.0
-    max_episode_attempts: int = 2  # an episode whose env worker dies is retried once
-    # this many unusable answers in a row (no good one between) mean a broken server
-    max_consecutive_bad_responses: int = 3
     event_log: Path | None = None
     video_dir: Path | None = None
 
@@ -219,19 +208,25 @@ class ShardRunner:
         server_url: str,
         progress: Callable[[int, int, int], None] | None = None,
         max_batch_size: int = 1,
-        faults: Faults | None = None,
         latency: LatencyModel | None = None,
         server_batch: int = 1,
+        env_workers: Callable[[int], EnvWorker] | None = None,
+        connections: Callable[[ConnectionSpec, FailurePolicy], PolicyConnection] | None = None,
     ):
         """`max_batch_size`: observations one request may carry; `server_batch`: the batch
         the server computes, larger where it merges concurrent requests itself (π0.5 on
         SGLang); `latency`: its latency model, measured at its start (None: learned from the
-        first answer)."""
+        first answer); `env_workers`: builds env worker `i` (None: a plain `EnvWorker`);
+        `connections`: opens a policy thread's connection (None: `connect`); `shard_job`
+        wraps both to inject failures."""
         self.settings = settings
         self.latency = latency
         self.dispatch_log = DispatchLog()
-        self.faults = faults
-        self._faults: NoFaults = NO_FAULTS  # the hooks of a run (libero_eval.faults)
+        self.failures = settings.failures or FailurePolicy.defaults()
+        self.env_workers = env_workers or (
+            lambda index: EnvWorker(index, settings.env, settings.protocol)
+        )
+        self.connections = connections or connect
         self.max_batch_size = max(1, max_batch_size)
         self.server_batch = max(self.max_batch_size, server_batch)
         self.store = store
@@ -251,13 +246,7 @@ class ShardRunner:
         """This thread's connection to the server (one request at a time each)."""
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            c = self.settings.client
-            connection = connect(
-                self._spec,
-                timeout_s=c.timeout_s,
-                max_retries=c.max_retries,
-                retry_backoff_s=c.retry_backoff_s,
-            )
+            connection = self.connections(self._spec, self.failures)
             self._local.connection = connection
             with self._connections_lock:
                 self._connections.append(connection)
@@ -302,11 +291,7 @@ class ShardRunner:
 
     def _run_pending(self, pending: list[Episode], done_before: int, total: int) -> None:
         s = self.settings
-        self._faults = fault_hooks(self.faults)
-        workers = [
-            EnvWorker(i, s.env, s.protocol, inject_faults=self._faults.injects_env_faults)
-            for i in range(min(s.envs_per_shard, len(pending)))
-        ]
+        workers = [self.env_workers(i) for i in range(min(s.envs_per_shard, len(pending)))]
         # A server that merges requests itself (SGLang's dynamic batching) merges any prompts
         # (an action request's prompt is not in its batch signature: sglang/multimodal_gen/
         # configs/sample/action.py): one queue, a batch of `server_batch` sent as that many
@@ -319,7 +304,7 @@ class ShardRunner:
             1 if self._merged else self.max_batch_size,
             done_before,
             total,
-            s.max_episode_attempts,
+            self.failures,
             self.progress,
         )
         self.max_inflight = s.max_inflight_requests or -(-len(workers) // self.server_batch)
@@ -364,14 +349,9 @@ class ShardRunner:
         self._send_start(worker, self._scheduler.start(worker.index, episode))
 
     def _send_start(self, worker: EnvWorker, running: RunningEpisode) -> None:
-        """Send `worker` the episode it now runs, with any fault injected at its start."""
+        """Send `worker` the episode it now runs."""
         episode = running.episode
-        fault = self._faults.env_fault(
-            worker.index, self._scheduler.first_attempts, running.attempt
-        )
-        spec = EpisodeSpec(
-            episode.suite, episode.task_id, episode.init_state_id, fault, episode.seed
-        )
+        spec = EpisodeSpec(episode.suite, episode.task_id, episode.init_state_id, seed=episode.seed)
         worker.send(Command.START, spec)
         self.dispatch_log.env(worker.index, "stepping", time.monotonic())
 
@@ -392,7 +372,6 @@ class ShardRunner:
         log_event(s.event_log, f"rollout {s.shard}", line)
         self.dispatch_log.env(worker.index, None, time.monotonic())
         following = self._scheduler.finish(worker.index, record["success_once"])
-        self._faults.after_episode_persisted(s.shard, self._scheduler.finished_here)
         if following is not None:
             self._start(worker, following)
 
@@ -407,13 +386,13 @@ class ShardRunner:
         info = self._scheduler.running_on(worker.index)
         if status == Status.DIED:
             worker.restart()
-            retry = self._scheduler.retry(worker.index)
+            retry = self._scheduler.retry(worker.index)  # as the failure policy says
             if retry is None:
                 self._fail(worker, result)
             else:
                 print(f"[{s.shard}] {result}; retrying {info.episode.key}", file=sys.stderr)
                 self._send_start(worker, retry)
-        elif status == Status.ERROR:
+        elif status == Status.ERROR:  # FailureKind.ENV_ERROR: recorded on its episode
             self._fail(worker, result)
         elif isinstance(result, EpisodeOutcome):
             video = None
@@ -450,40 +429,48 @@ class ShardRunner:
             if not self._parts[request]:  # the whole batch is back
                 del self._parts[request], self._sent_at[request]
                 self._dispatcher.answered(request, answered_at)
-            self._check_server(status, value)
+            if status == Status.OK:
+                self._bad_in_a_row = 0
+            else:
+                self._on_policy_failure(value)
             for position, (index, _obs) in enumerate(batch):
                 worker = self._workers[index]
                 self._scheduler.running_on(index).latencies.append(latency)
                 if status == Status.ERROR:
                     kind = (
                         "bad policy response"
-                        if isinstance(value, PolicyResponseError)
+                        if getattr(value, "kind", None) is FailureKind.BAD_ANSWER
                         else type(value).__name__
                     )
                     self._fail(worker, f"{kind}: {value}")
                 else:
-                    worker.send(Command.CHUNK, self._faults.chunk(index, value[position]))
+                    worker.send(Command.CHUNK, value[position])
                     self.dispatch_log.env(index, "stepping", time.monotonic())
 
-    def _check_server(self, status: Status, value: Any) -> None:
-        """Fail the shard on a server that is gone, rejects requests, or keeps answering
-        garbage; an unusable answer alone fails only its episodes."""
+    def _on_policy_failure(self, error: BaseException) -> None:
+        """A failed policy call, classified by its connection (or the adapter): fail the
+        shard where the failure policy says so; else its episodes record the error. An error
+        of no kind (the adapter could not build the request) is its episodes' only."""
         s = self.settings
-        if status == Status.ERROR and isinstance(
-            value, PolicyRequestRejected | PolicyServerUnavailable
-        ):
-            raise ShardFailed(f"{s.shard}: policy server {self.url} failed: {value}") from value
-        if status == Status.ERROR and isinstance(value, PolicyResponseError):
+        kind = error.kind if isinstance(error, PolicyClientError) else None
+        if kind is None:
+            return
+        attempt = 1
+        if kind is FailureKind.BAD_ANSWER:
             self._bad_in_a_row += 1
-            if self._bad_in_a_row >= s.max_consecutive_bad_responses:
-                raise ShardFailed(
-                    f"{s.shard}: policy server {self.url} gave {self._bad_in_a_row} "
-                    f"unusable answers in a row, last: {value}. Check that the "
-                    "URL points at a policy server of the configured family "
-                    "(policy.family) and read its log"
-                ) from value
-        elif status == Status.OK:
-            self._bad_in_a_row = 0
+            attempt = self._bad_in_a_row
+        elif kind is FailureKind.TRANSIENT:  # the connection gave up retrying
+            attempt = getattr(error, "attempts", None) or self.failures.attempts_per_request
+        if self.failures.decide(kind, attempt) is not Action.FAIL_SHARD:
+            return
+        if kind is FailureKind.BAD_ANSWER:
+            raise ShardFailed(
+                f"{s.shard}: policy server {self.url} gave {self._bad_in_a_row} "
+                f"unusable answers in a row, last: {error}. Check that the "
+                "URL points at a policy server of the configured family "
+                "(policy.family) and read its log (rollout.failures.bad_answers_in_a_row)"
+            ) from error
+        raise ShardFailed(f"{s.shard}: policy server {self.url} failed: {error}") from error
 
     def _send_due(self, pool: _CallPool) -> None:
         """Send the requests the dispatcher says are due (see `dispatch.Dispatcher`)."""
@@ -515,20 +502,23 @@ def run_shard(
     progress: bool = True,
     dispatch_log: Path | None = None,
     capacity: dict[str, Any] | None = None,
+    env_workers: Callable[[int], EnvWorker] | None = None,
+    connections: Callable[[ConnectionSpec, FailurePolicy], PolicyConnection] | None = None,
 ) -> list[dict[str, Any]]:
     """Run a shard end to end: wait for the server, run what is missing, write the Parquet
     and, with `dispatch_log`, the shard's requests and env times (JSON). `capacity`: the
-    server's capacity probe from its service file, the dispatcher's first latency model."""
+    server's capacity probe from its service file, the dispatcher's first latency model;
+    `env_workers`, `connections`: see `ShardRunner` (the probe uses a plain connection)."""
     finished = store.finished(episodes)  # one pass over the records, not one per episode
     pending = [ep for ep in episodes if ep not in finished]
     max_batch = 1
     adapter = settings.adapter
     if pending:
+        failures = settings.failures or FailurePolicy.defaults()
         probe = connect(
             settings.endpoint.at(server_url),
-            timeout_s=min(30.0, settings.client.timeout_s),
-            max_retries=settings.client.max_retries,
-            retry_backoff_s=settings.client.retry_backoff_s,
+            failures,
+            timeout_s=min(failures.probe_timeout_s, failures.request_timeout_s),
         )
         try:
             probe.wait_until_healthy(settings.health_timeout_s)
@@ -558,10 +548,11 @@ def run_shard(
         server_url,
         progress=on_progress,
         max_batch_size=max_batch,
-        faults=active_faults(),
         latency=LatencyModel.from_capacity(capacity),
         # the batch the server computes: larger than a request's where it merges requests
         server_batch=int((capacity or {}).get("max_batch_size", max_batch)),
+        env_workers=env_workers,
+        connections=connections,
     )
     try:
         records = runner.run(episodes)

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from libero_eval.failures import Action, FailureKind, FailurePolicy
 from libero_eval.plan import Episode
 
 
@@ -44,17 +45,18 @@ class EpisodeScheduler:
         batch_size: int = 1,
         done_before: int = 0,
         total: int | None = None,
-        max_attempts: int = 2,
+        failures: FailurePolicy | None = None,
         progress: Callable[[int, int, int], None] | None = None,
     ):
         """`done_before` episodes of the shard's `total` were finished by an earlier run;
         `progress(done, total, successes)` is called after every finished episode (successes
-        counts this run's only)."""
+        counts this run's only); `failures`: decides whether a dead worker's episode is
+        retried (None: the schema's defaults)."""
         self._todo = list(pending)
         self._running: dict[int, RunningEpisode] = {}
         self.batch_size = batch_size
         self.total = done_before + len(pending) if total is None else total
-        self.max_attempts = max_attempts
+        self.failures = failures or FailurePolicy.defaults()
         self.progress = progress
         self.done = done_before  # episodes of the shard finished, earlier runs included
         self.successes = 0  # successful episodes finished by this run
@@ -105,10 +107,10 @@ class EpisodeScheduler:
         return running
 
     def retry(self, worker: int) -> RunningEpisode | None:
-        """`worker`'s env died: start its episode again if it has attempts left and return
-        the new attempt, else None (the caller then fails the episode with `finish`)."""
+        """`worker`'s env died: start its episode again if the failure policy says so and
+        return the new attempt, else None (the caller then fails the episode with `finish`)."""
         info = self._running[worker]
-        if info.attempt >= self.max_attempts:
+        if self.failures.decide(FailureKind.ENV_DIED, info.attempt) is not Action.RETRY_EPISODE:
             return None
         return self.start(worker, info.episode, info.attempt + 1)
 

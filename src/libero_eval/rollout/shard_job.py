@@ -2,8 +2,10 @@
 
 The job is composed above this layer (`libero_eval.config.RunSettings.rollout_job`, in the
 job's process, once): its shard from plan.csv, where its env workers render, and the shard's
-settings with the built policy adapter (`RolloutJob`); every path comes from its rule
-(`ShardPaths`). It follows its parent: when Snakemake (or the Slurm
+settings with the built policy adapter, and the fault plan of a fault-injection test
+(`RolloutJob`); every path comes from its rule (`ShardPaths`). A fault plan is carried out
+here, by wrapping the env workers, the policy connections and the episode store the shard
+runs with (`fault_injection`). It follows its parent: when Snakemake (or the Slurm
 job step) dies, even by SIGKILL, the job gets SIGTERM (PR_SET_PDEATHSIG plus a parent-pid
 watchdog), stops its env workers and exits; SIGTERM and Ctrl-C do the same. Finished episodes
 are in the store by then.
@@ -19,8 +21,14 @@ from pathlib import Path
 from typing import NoReturn
 
 from libero_eval.eventlog import log_event
-from libero_eval.faults import InjectedFault
+from libero_eval.faults import Faults, InjectedFault
 from libero_eval.plan import Shard
+from libero_eval.rollout.env_worker import EnvWorker
+from libero_eval.rollout.fault_injection import (
+    FaultyStore,
+    faulty_connections,
+    faulty_env_workers,
+)
 from libero_eval.rollout.render_device import RenderPlan
 from libero_eval.rollout.runner import ShardFailed, ShardSettings, run_shard
 from libero_eval.service import ParentWatch, ServiceUnavailableError, wait_for_service
@@ -52,6 +60,7 @@ class RolloutJob:
     shard: Shard  # its episodes and slot, as plan.csv has them
     render: RenderPlan  # where its env workers render (`rollout.render_device`)
     settings: ShardSettings  # with the built policy adapter
+    faults: Faults | None = None  # LIBERO_EVAL_FAULT's plan (fault-injection tests only)
 
 
 def refuse_to_start(shard_name: str, event_log: Path | None, exc: Exception) -> NoReturn:
@@ -81,7 +90,15 @@ def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
     shard_name = shard.name
     log_event(event_log, f"rollout {shard_name}", f"env workers render on {job.render.description}")
     watch = _follow_parent()
-    store = EpisodeStore(paths.store)
+    store: EpisodeStore | FaultyStore = EpisodeStore(paths.store)
+    env_workers = connections = None
+    if job.faults is not None:  # carried out by wrappers; the runner knows nothing of it
+        store = FaultyStore(store, job.faults, shard_name)
+        env_workers = faulty_env_workers(
+            lambda index: EnvWorker(index, shard_settings.env, shard_settings.protocol),
+            job.faults,
+        )
+        connections = faulty_connections(job.faults)
     episodes = list(shard.episodes)
     url, capacity = "", None
     resume = f"Finished episodes are kept in {paths.store}; rerun the workflow to resume."
@@ -101,6 +118,8 @@ def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
             paths.output,
             dispatch_log=paths.dispatch_log,
             capacity=capacity,
+            env_workers=env_workers,
+            connections=connections,
         )
     except (ShardFailed, ServiceUnavailableError, InjectedFault) as exc:
         log_event(event_log, f"rollout {shard_name}", f"FAILED: {exc}")

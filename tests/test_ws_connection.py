@@ -11,8 +11,8 @@ import pytest
 from websockets.sync.server import ServerConnection, serve
 
 from libero_eval.policy import codec
-from libero_eval.policy.client import PolicyRequestRejected, PolicyServerUnavailable
-from libero_eval.policy.ws_client import WebsocketConnection
+from libero_eval.policy.errors import PolicyRequestRejected, PolicyServerUnavailable
+from libero_eval.policy.ws_connection import WebsocketConnection
 
 
 @contextmanager
@@ -58,10 +58,10 @@ def test_an_error_frame_is_a_rejected_request_not_retried():
     with (
         ws_server(fail) as url,
         WebsocketConnection(url, max_retries=3) as client,
-        pytest.raises(PolicyRequestRejected, match="KeyError: 'observation/image'"),
+        pytest.raises(PolicyRequestRejected, match="KeyError: 'observation/image'") as info,
     ):
         client.infer({"step": 0})
-    assert len(calls) == 1
+    assert len(calls) == 1 and info.value.kind == "rejected"
 
 
 def test_a_connection_closed_mid_episode_is_retried_on_a_new_connection():
@@ -82,6 +82,44 @@ def test_a_connection_closed_mid_episode_is_retried_on_a_new_connection():
         answer = client.infer({"step": 4})
     assert answer["actions"][0, 0] == 4.0
     assert client.last_attempts == 2 and sleeps == [1.0]
+
+
+def test_a_close_with_1011_internal_error_is_transient_and_retried():
+    """A server that fails inside (close 1011, no error frame) is retried like HTTP 5xx: the
+    request is answered on a fresh connection and nothing fails the shard (issue 26)."""
+    answered = []
+
+    def crash_first(ws: ServerConnection, request: dict) -> None:
+        if not answered:
+            answered.append(False)
+            ws.close(code=1011, reason="Internal server error")
+            return
+        echo_actions(ws, request)
+
+    sleeps: list[float] = []
+    with (
+        ws_server(crash_first) as url,
+        WebsocketConnection(url, max_retries=2, sleep=sleeps.append) as client,
+    ):
+        answer = client.infer({"step": 5})
+    np.testing.assert_array_equal(answer["actions"], np.full((10, 7), 5.0))
+    assert client.last_attempts == 2 and sleeps == [1.0]
+
+
+def test_a_close_saying_the_request_is_bad_is_rejected_not_retried():
+    calls = []
+
+    def refuse(ws: ServerConnection, request: dict) -> None:
+        calls.append(request)
+        ws.close(code=1009, reason="frame too big")
+
+    with (
+        ws_server(refuse) as url,
+        WebsocketConnection(url, max_retries=3) as client,
+        pytest.raises(PolicyRequestRejected, match=r"code 1009 \(message too big\)") as info,
+    ):
+        client.infer({"step": 0})
+    assert len(calls) == 1 and info.value.status == 1009
 
 
 def test_a_server_that_stays_gone_fails_with_the_fix():

@@ -1,5 +1,7 @@
 """HTTP connection to SGLang's action API (``/health``, ``/v1/actions/metadata``,
-``/v1/actions/generations``): timeouts, linear-backoff retries and clear errors.
+``/v1/actions/generations``): every failure classified once (connection refused or reset,
+timeout, 5xx: transient; 4xx: rejected; an undecodable or non-object body: bad answer), the
+failure policy's retries, and clear errors.
 
 :meth:`HttpConnection.infer` returns the decoded response body; the wall time of the
 successful HTTP attempt (send, server work, receive, decode) is left in
@@ -17,13 +19,15 @@ from typing import Any
 import numpy as np
 import requests
 
+from libero_eval.failures import FailurePolicy
 from libero_eval.policy import codec
-from libero_eval.policy.connection_base import WIRE_FORMATS, ConnectionBase, RetryableFailure
+from libero_eval.policy.connection_base import WIRE_FORMATS, ConnectionBase
 from libero_eval.policy.errors import (
     PolicyClientError,
     PolicyRequestRejected,
     PolicyResponseError,
     PolicyServerUnavailable,
+    TransientFailure,
 )
 
 GENERATIONS_PATH = "/v1/actions/generations"
@@ -72,22 +76,31 @@ class HttpConnection(ConnectionBase):
     ``wire_format``: ``"msgpack"`` sends ``application/msgpack`` bodies with numpy arrays as
     raw bytes (SGLang's ndarray encoding) and asks for msgpack back; ``"json"`` sends and
     receives JSON, numpy arrays converted to lists. :meth:`infer` retries connection errors,
-    timeouts and 5xx ``max_retries`` times, sleeping ``k * retry_backoff_s`` before retry
-    ``k``; 4xx is never retried.
+    timeouts and 5xx as ``failures`` (``rollout.failures``) says; 4xx is never retried.
+    ``timeout_s``, ``max_retries``, ``retry_backoff_s``: overrides of ``failures``.
     """
 
     def __init__(
         self,
         base_url: str,
-        timeout_s: float = 600,
-        max_retries: int = 5,
-        retry_backoff_s: float = 1.0,
+        failures: FailurePolicy | None = None,
         wire_format: str = "msgpack",
         *,
+        timeout_s: float | None = None,
+        max_retries: int | None = None,
+        retry_backoff_s: float | None = None,
         health_path: str = HEALTH_PATH,
         sleep: Callable[[float], None] = time.sleep,
     ):
-        super().__init__(base_url, timeout_s, max_retries, retry_backoff_s, health_path, sleep)
+        super().__init__(
+            base_url,
+            failures,
+            health_path,
+            sleep,
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            retry_backoff_s=retry_backoff_s,
+        )
         if wire_format not in WIRE_FORMATS:
             raise ValueError(
                 f"policy client wire_format {wire_format!r} is not one of {WIRE_FORMATS} "
@@ -170,17 +183,18 @@ class HttpConnection(ConnectionBase):
             try:
                 response = send()
             except requests.Timeout as exc:
-                raise RetryableFailure(
+                raise TransientFailure(
                     f"timed out after {self.timeout_s:g} s ({type(exc).__name__})"
                 ) from exc
             except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
-                raise RetryableFailure(f"connection failed: {exc}") from exc
+                raise TransientFailure(f"connection failed: {exc}") from exc
             return self._check_response(method, url, response)
 
         def failed(attempts: int, last_error: str) -> str:
             return (
                 f"{method} {url} failed after {attempts} attempt(s) "
-                f"(max_retries={self.max_retries}, linear backoff {self.retry_backoff_s:g} s); "
+                f"(rollout.failures.request_retries={self.failures.request_retries}, linear "
+                f"backoff {self.failures.retry_backoff_s:g} s); "
                 f"last error: {last_error}. Check that the policy server is up and its log"
             )
 
@@ -189,7 +203,7 @@ class HttpConnection(ConnectionBase):
     def _check_response(self, method: str, url: str, response: requests.Response) -> dict:
         status = response.status_code
         if status >= 500:
-            raise RetryableFailure(f"HTTP {status}: {_error_detail(response)!r}"[:2000])
+            raise TransientFailure(f"HTTP {status}: {_error_detail(response)!r}"[:2000])
         if 400 <= status < 500:
             detail = _error_detail(response)
             raise PolicyRequestRejected(

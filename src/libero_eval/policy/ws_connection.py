@@ -12,8 +12,16 @@ We use the ``websockets`` package directly rather than ``openpi-client``: openpi
 pins ``numpy<2`` while LIBERO's stack here needs numpy 2, and this client adds what the
 workflow needs (timeouts, reconnect-and-retry, readiness, errors that name the fix).
 
+Failures are classified once (``libero_eval.failures``): an error frame is a rejected request
+(the server failed on THIS request; SGLang and openpi send one for a bad request and for a bug
+alike), as is a close saying the request is bad (1003 unsupported data, 1007 invalid payload,
+1008 policy violation, 1009 too big); a timeout, a failed connect, and a connection closed
+before the answer with any other code (1011 internal error, 1012 service restart, 1013 try
+again later, 1001 going away, 1006 gone without a close frame) are transient and retried on a
+fresh connection; an undecodable frame is a bad answer.
+
 One connection serves one request at a time: use one per thread, as with
-:class:`~libero_eval.policy.client.HttpConnection`; both implement
+:class:`~libero_eval.policy.http_connection.HttpConnection`; both implement
 :class:`~libero_eval.policy.connection.PolicyConnection`.
 """
 
@@ -28,39 +36,57 @@ from urllib.parse import urlsplit, urlunsplit
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 from websockets.sync.client import ClientConnection, connect
 
+from libero_eval.failures import FailurePolicy
 from libero_eval.policy import codec
-from libero_eval.policy.connection_base import ConnectionBase, RetryableFailure
-from libero_eval.policy.errors import PolicyRequestRejected, PolicyResponseError
+from libero_eval.policy.connection_base import ConnectionBase
+from libero_eval.policy.errors import (
+    PolicyClientError,
+    PolicyRequestRejected,
+    PolicyResponseError,
+    TransientFailure,
+)
+
+# close codes (RFC 6455 7.4.1) that say the request itself is bad: retrying it cannot help
+REJECTING_CLOSE_CODES = {
+    1003: "unsupported data",
+    1007: "invalid payload data",
+    1008: "policy violation",
+    1009: "message too big",
+}
 
 
 class WebsocketConnection(ConnectionBase):
     """Talks to one websocket policy server at ``base_url`` (``http://HOST:PORT``) + ``path``.
 
     :meth:`infer` sends one request and returns the decoded answer. Connection failures,
-    timeouts and connections closed before an answer are retried ``max_retries`` times on a
-    fresh connection (linear backoff); an error frame from the server is not retried (the
-    server rejected this request) and raises :class:`PolicyRequestRejected`.
+    timeouts and connections closed before an answer (also with 1011 internal error) are
+    retried on a fresh connection as ``failures`` (``rollout.failures``) says; an error frame
+    from the server, or a close saying the request is bad, is not retried (the server rejected
+    this request) and raises :class:`PolicyRequestRejected`. ``timeout_s``, ``max_retries``,
+    ``retry_backoff_s``: overrides of ``failures``.
     """
 
     def __init__(
         self,
         base_url: str,
         path: str = "",
-        timeout_s: float = 600,
-        max_retries: int = 5,
-        retry_backoff_s: float = 1.0,
+        failures: FailurePolicy | None = None,
         health_path: str = "/health",
         *,
+        timeout_s: float | None = None,
+        max_retries: int | None = None,
+        retry_backoff_s: float | None = None,
         sleep: Callable[[float], None] = time.sleep,
     ):
         super().__init__(
             base_url,
-            timeout_s,
-            max_retries,
-            retry_backoff_s,
+            failures,
             health_path,
             sleep,
             schemes=("http", "https", "ws", "wss"),
+            timeout_s=timeout_s,
+            max_retries=max_retries,
+            retry_backoff_s=retry_backoff_s,
         )
         parts = urlsplit(base_url)
         http_scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
@@ -105,7 +131,7 @@ class WebsocketConnection(ConnectionBase):
             raise PolicyRequestRejected(
                 f"websocket policy server {self.ws_url} failed on the request (its {what} was "
                 f"an error): {frame[-2000:]}",
-                status=1011,
+                status=None,
                 detail=frame,
             )
         try:
@@ -124,7 +150,7 @@ class WebsocketConnection(ConnectionBase):
             raise PolicyRequestRejected(
                 f"websocket policy server {self.ws_url} failed on the request: "
                 f"{str(decoded['error'])[-2000:]}",
-                status=1011,
+                status=None,
                 detail=decoded["error"],
             )
         return decoded
@@ -161,22 +187,37 @@ class WebsocketConnection(ConnectionBase):
         def attempt() -> Any:
             try:
                 return attempt_once()
-            except PolicyRequestRejected:
-                self._drop()  # the server closes the connection after an error frame
-                raise
+            except PolicyClientError:
+                raise  # classified already (an error frame, an undecodable frame)
             except TimeoutError as exc:
-                raise RetryableFailure(f"no answer within {self.timeout_s:g} s") from exc
+                raise TransientFailure(f"no answer within {self.timeout_s:g} s") from exc
             except ConnectionClosed as exc:
-                close = f"code {exc.rcvd.code}: {exc.rcvd.reason}" if exc.rcvd else "no close frame"
-                raise RetryableFailure(f"connection closed before the answer ({close})") from exc
+                raise self._closed(exc) from exc
             except (OSError, InvalidHandshake, InvalidURI) as exc:
-                raise RetryableFailure(f"connection failed: {exc}") from exc
+                raise TransientFailure(f"connection failed: {exc}") from exc
 
         def failed(attempts: int, last_error: str) -> str:
             return (
                 f"websocket {self.ws_url} failed after {attempts} attempt(s) "
-                f"(max_retries={self.max_retries}); last error: {last_error}. Check that the "
+                f"(rollout.failures.request_retries={self.failures.request_retries}); last "
+                f"error: {last_error}. Check that the "
                 "policy server is up (its log) and that policy.pi05.api matches it"
             )
 
+        # every failure drops the connection: the server closes it after an error frame, and
+        # a retry starts on a fresh one
         return self._with_retries(attempt, failed, on_failure=self._drop)
+
+    def _closed(self, exc: ConnectionClosed) -> PolicyClientError:
+        """A connection closed before the answer, classified by its close code."""
+        close = exc.rcvd
+        if close is not None and close.code in REJECTING_CLOSE_CODES:
+            return PolicyRequestRejected(
+                f"websocket policy server {self.ws_url} closed the connection with code "
+                f"{close.code} ({REJECTING_CLOSE_CODES[close.code]}): {close.reason}. The request "
+                "is invalid for this server; fix the policy settings (not retried)",
+                status=close.code,
+                detail=close.reason,
+            )
+        told = f"code {close.code}: {close.reason}" if close is not None else "no close frame"
+        return TransientFailure(f"connection closed before the answer ({told})")

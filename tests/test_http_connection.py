@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from libero_eval.policy import codec
-from libero_eval.policy.client import (
+from libero_eval.policy.http_connection import (
     HttpConnection,
     PolicyRequestRejected,
     PolicyResponseError,
@@ -322,7 +322,7 @@ def test_metadata_and_max_batch_size(server):
     [
         ({"base_url": "127.0.0.1:30000"}, "must look like http://HOST:PORT"),
         ({"base_url": "http://127.0.0.1:1", "timeout_s": 0}, "timeout_s"),
-        ({"base_url": "http://127.0.0.1:1", "max_retries": -1}, "max_retries"),
+        ({"base_url": "http://127.0.0.1:1", "max_retries": -1}, "request_retries must be an int"),
         ({"base_url": "http://127.0.0.1:1", "wire_format": "grpc"}, "transport"),
     ],
 )

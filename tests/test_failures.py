@@ -1,0 +1,178 @@
+"""The one owner of failures: the failure policy's decisions and settings, the kinds the
+connections' errors carry, and fault injection as wrappers (no LIBERO, no server)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from test_ws_connection import echo_actions, ws_server
+
+from libero_eval import settings_schema
+from libero_eval.config import check_family_fields
+from libero_eval.failures import Action, FailureKind, FailurePolicy
+from libero_eval.faults import InjectedFault, parse_faults
+from libero_eval.plan import Episode
+from libero_eval.policy.connection import ConnectionSpec
+from libero_eval.policy.errors import (
+    PolicyRequestRejected,
+    PolicyResponseError,
+    PolicyServerUnavailable,
+    TransientFailure,
+)
+from libero_eval.rollout.env_worker import Command, EpisodeSpec, Reply, Status
+from libero_eval.rollout.fault_injection import (
+    FaultyStore,
+    faulty_connections,
+    faulty_env_workers,
+)
+from libero_eval.store import EpisodeStore
+
+
+def test_the_policy_maps_each_kind_and_attempt_to_one_action():
+    policy = FailurePolicy.defaults(request_retries=2, episode_attempts=2, bad_answers_in_a_row=3)
+    transient = [policy.decide(FailureKind.TRANSIENT, k) for k in (1, 2, 3)]
+    assert transient == [Action.RETRY_REQUEST, Action.RETRY_REQUEST, Action.FAIL_SHARD]
+    assert policy.decide(FailureKind.REJECTED, 1) is Action.FAIL_SHARD
+    bad = [policy.decide(FailureKind.BAD_ANSWER, k) for k in (1, 2, 3)]
+    assert bad == [Action.RECORD, Action.RECORD, Action.FAIL_SHARD]
+    assert policy.decide(FailureKind.ENV_ERROR, 1) is Action.RECORD
+    died = [policy.decide(FailureKind.ENV_DIED, k) for k in (1, 2)]
+    assert died == [Action.RETRY_EPISODE, Action.RECORD]
+    assert [policy.backoff_s(k) for k in (1, 2)] == [
+        policy.retry_backoff_s,
+        2 * policy.retry_backoff_s,
+    ]
+
+
+def test_the_knobs_and_their_defaults_are_the_schemas_and_outcome_neutral():
+    defaults = settings_schema.defaults("rollout", "failures")
+    assert FailurePolicy.defaults() == FailurePolicy(**defaults)
+    assert "failures" in settings_schema.outcome_neutral("rollout")
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("request_timeout_s", 0, "rollout.failures.request_timeout_s must be a number > 0"),
+        ("request_retries", -1, "rollout.failures.request_retries must be an int >= 0"),
+        ("episode_attempts", 0, "rollout.failures.episode_attempts must be an int >= 1"),
+        ("bad_answers_in_a_row", 1.5, "rollout.failures.bad_answers_in_a_row must be an int"),
+        ("retry_backoff_s", -1, "rollout.failures.retry_backoff_s must be a number >= 0"),
+    ],
+)
+def test_bad_knobs_are_named_with_the_field(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        FailurePolicy.defaults(**{field: value})
+
+
+def test_every_connection_error_carries_its_kind():
+    assert TransientFailure("x").kind is FailureKind.TRANSIENT
+    assert PolicyServerUnavailable("x", attempts=3).kind is FailureKind.TRANSIENT
+    assert PolicyRequestRejected("x", 400, "bad").kind is FailureKind.REJECTED
+    assert PolicyResponseError("x").kind is FailureKind.BAD_ANSWER
+
+
+def test_the_old_request_keys_are_read_as_rollout_failures_with_a_deprecation():
+    config: dict[str, Any] = {
+        "policy": {"http_timeout_s": 7, "http_max_retries": 1},
+        "rollout": {"failures": {"request_timeout_s": 9}},
+    }
+    with pytest.warns(FutureWarning, match="policy.http_timeout_s, policy.http_max_retries"):
+        messages = check_family_fields(config)
+    assert "rollout.failures.request_timeout_s, rollout.failures.request_retries" in messages[0]
+    assert config["policy"] == {}
+    assert config["rollout"]["failures"] == {"request_timeout_s": 7, "request_retries": 1}
+
+
+# -- fault injection as wrappers ---------------------------------------------------------------
+
+
+class StandInWorker:
+    """What the runner uses of an env worker, around a real (idle) child process: each start
+    is answered with an observation, each chunk with "stepped"."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.sent: list[tuple[Command, Any]] = []
+        self.process = mp.get_context("fork").Process(target=time.sleep, args=(60,), daemon=True)
+        self.process.start()
+
+    def send(self, command: Command, payload: Any) -> None:
+        self.sent.append((command, payload))
+
+    def receive(self) -> Reply:
+        command = self.sent[-1][0]
+        return Reply(Status.OK, "observation" if command == Command.START else "stepped")
+
+    def stop(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join()
+
+
+def spec(init_state: int) -> EpisodeSpec:
+    return EpisodeSpec("libero_spatial", 0, init_state)
+
+
+def test_the_faulty_env_fails_the_planned_first_starts_and_spoils_one_chunk():
+    plan = parse_faults("crash_env_at_episode=1;raise_env_at_episode=2;nan_action_at_episode=3")
+    make = faulty_env_workers(StandInWorker, plan)
+    first, second = make(0), make(1)  # one count of starts for the shard's workers
+    try:
+        first.send(Command.START, spec(0))
+        status, message = first.receive()
+        assert status is Status.DIED and not first.process.is_alive()
+        assert message == "env worker process died (exit code -9)"
+        second.send(Command.START, spec(1))
+        assert second.receive() == (
+            Status.ERROR,
+            "RuntimeError: injected env error (LIBERO_EVAL_FAULT)",
+        )
+        first._worker = StandInWorker(0)  # what EnvWorker.restart() does: a fresh process
+        first.send(Command.START, spec(0))  # the crashed episode's retry runs clean
+        assert first.receive() == (Status.OK, "observation")
+        second.send(Command.START, spec(2))  # the shard's 3rd episode: its first chunk is NaN
+        assert second.receive() == (Status.OK, "observation")
+        chunk = np.zeros((5, 7))
+        second.send(Command.CHUNK, chunk)
+        second.send(Command.CHUNK, chunk)
+        sent = [payload for command, payload in second._worker.sent if command == Command.CHUNK]
+        assert np.isnan(sent[0]).all() and sent[1] is chunk
+        assert first.index == 0  # everything else is the worker's
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_the_faulty_store_fails_the_shard_once_after_a_durable_record(tmp_path):
+    marker = tmp_path / "marker"
+    plan = parse_faults(f"fail_shard_once=shard000:{marker}")
+    store = FaultyStore(EpisodeStore(tmp_path / "episodes"), plan, "shard000")
+    episode = Episode("libero_spatial", 0, 0)
+    with pytest.raises(InjectedFault, match="shard000: injected failure"):
+        store.write(episode, {"error": None})
+    assert store.path_for(episode).exists() and marker.exists()  # written first
+    store.write(Episode("libero_spatial", 0, 1), {"error": None})  # once only
+    other = FaultyStore(EpisodeStore(tmp_path / "other"), plan, "shard001")
+    other.write(episode, {"error": None})  # another shard is untouched
+
+
+def test_the_faulty_connection_rejects_the_shards_planned_request():
+    """The shard's policy threads share one count of requests: the 3rd of all is rejected
+    (before it reaches the server), the others are the server's answers."""
+    connect = faulty_connections(parse_faults("reject_request_at=3"))
+    failures = FailurePolicy.defaults(request_retries=0)
+    with ws_server(echo_actions) as url:
+        spec = ConnectionSpec(url, "websocket")
+        with connect(spec, failures) as first, connect(spec, failures) as second:
+            assert first.infer({"step": 1})["actions"][0, 0] == 1.0
+            assert second.infer({"step": 2})["actions"][0, 0] == 2.0
+            with pytest.raises(PolicyRequestRejected, match="reject_request_at") as info:
+                first.infer({"step": 3})
+            assert info.value.kind is FailureKind.REJECTED
+            assert second.infer({"step": 4})["actions"][0, 0] == 4.0
+            assert first.failures is failures  # everything else is the connection's
