@@ -167,6 +167,7 @@ def run_ours(
         LiberoEpisodeEnv,
     )
     from libero_eval.rollout.protocols import EpisodeProtocol
+    from libero_eval.settings_schema import build
 
     protocol = EpisodeProtocol(
         name="peers",
@@ -179,7 +180,9 @@ def run_ours(
     )
     # "reference": numpy's stream seeded once per task, resets in init-state order (= the
     # peers' env.seed(7) at env creation, then one reset per episode).
-    settings = EnvSettings(
+    settings = build(
+        EnvSettings,
+        "rollout",
         camera_size=SIZE,
         render_mode=render_mode,
         reset_seeding="reference",

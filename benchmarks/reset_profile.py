@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         seeded_action_chunks,
     )
     from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.settings_schema import build
 
     timer = PhaseTimer()
     instrument_classes(timer)
@@ -166,7 +167,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     timer.wrap(LiberoEpisodeEnv, "_load", "env creation (LiberoEpisodeEnv._load)")
     timer.wrap(LiberoEpisodeEnv, "start_episode", "start_episode")
     timer.wrap(LiberoEpisodeEnv, "step_chunk", "step_chunk (policy steps)")
-    env = LiberoEpisodeEnv(EnvSettings(reset_mode=args.reset_mode), protocol)
+    env = LiberoEpisodeEnv(build(EnvSettings, "rollout", reset_mode=args.reset_mode), protocol)
     episodes: list[dict[str, Any]] = []
     profiler = cProfile.Profile() if args.cprofile else None
     try:

@@ -31,6 +31,7 @@ from libero_eval.rollout.env_worker import (  # noqa: E402
     seeded_action_chunks,
 )
 from libero_eval.rollout.protocols import get_protocol  # noqa: E402
+from libero_eval.settings_schema import build  # noqa: E402
 
 pytestmark = pytest.mark.libero
 SUITE = "libero_spatial"
@@ -51,7 +52,9 @@ def assert_same_scene(a, b):
 
 
 def test_an_episode_run_first_and_fifth_on_one_env_has_the_same_scene():
-    env = LiberoEpisodeEnv(EnvSettings(), get_protocol("openpi", max_steps_override=16))
+    env = LiberoEpisodeEnv(
+        build(EnvSettings, "rollout"), get_protocol("openpi", max_steps_override=16)
+    )
     try:
         episode = EpisodeSpec(SUITE, 0, 0)
         first = first_query(env, episode)
@@ -71,8 +74,10 @@ def test_an_episode_run_first_and_fifth_on_one_env_has_the_same_scene():
 def test_reference_seeding_reproduces_seed_once_per_task_with_trials_in_order():
     protocol = get_protocol("openpi", max_steps_override=16)
     # openpi's loop: env.seed(7) once for the task, then trials 0, 1, 2 in order, each stepped.
-    reference = LiberoEpisodeEnv(EnvSettings(render_mode="every_step", reset_mode="hard"), protocol)
-    ours = LiberoEpisodeEnv(EnvSettings(reset_seeding="reference"), protocol)
+    reference = LiberoEpisodeEnv(
+        build(EnvSettings, "rollout", render_mode="every_step", reset_mode="hard"), protocol
+    )
+    ours = LiberoEpisodeEnv(build(EnvSettings, "rollout", reset_seeding="reference"), protocol)
     try:
         reference._load(SUITE, 0)
         raw = reference._env
@@ -180,7 +185,7 @@ def test_fast_reset_gives_what_a_hard_reset_gives(suite, task_id):
     episodes = [(EpisodeSpec(suite, task_id, 0), 99), (EpisodeSpec(suite, task_id, 1), task_id)]
     records = {}
     for mode in ("hard", "fast"):
-        env = LiberoEpisodeEnv(EnvSettings(reset_mode=mode), protocol)
+        env = LiberoEpisodeEnv(build(EnvSettings, "rollout", reset_mode=mode), protocol)
         try:
             records[mode] = [_episode_record(env, spec, seed) for spec, seed in episodes]
             if mode == "fast":
@@ -199,8 +204,8 @@ def test_an_articulated_task_run_second_on_one_env_has_its_first_run_scene():
     moved with the number of episodes its env ran before."""
     protocol = get_protocol("openpi", max_steps_override=16)
     episode = EpisodeSpec("libero_10", 9, 1)
-    fresh = LiberoEpisodeEnv(EnvSettings(), protocol)
-    used = LiberoEpisodeEnv(EnvSettings(), protocol)
+    fresh = LiberoEpisodeEnv(build(EnvSettings, "rollout"), protocol)
+    used = LiberoEpisodeEnv(build(EnvSettings, "rollout"), protocol)
     try:
         first = first_query(fresh, episode)
         used.start_episode(EpisodeSpec("libero_10", 9, 0))

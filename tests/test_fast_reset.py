@@ -57,8 +57,9 @@ def test_model_snapshot_restores_what_a_reset_writes():
 def test_a_changed_scene_xml_is_compiled_again():
     from libero_eval.rollout.env_worker import EnvSettings, EpisodeSpec, LiberoEpisodeEnv
     from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.settings_schema import build
 
-    env = LiberoEpisodeEnv(EnvSettings(reset_mode="fast"), get_protocol("openpi"))
+    env = LiberoEpisodeEnv(build(EnvSettings, "rollout", reset_mode="fast"), get_protocol("openpi"))
     try:
         spec = EpisodeSpec("libero_spatial", 0, 0)
         env._load(spec.suite, spec.task_id)
@@ -87,6 +88,7 @@ def test_reset_mode_is_a_throughput_knob_default_fast_and_reaches_the_env(defaul
 def test_an_unknown_reset_mode_is_refused():
     from libero_eval.rollout.env_worker import EnvSettings, LiberoEpisodeEnv
     from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.settings_schema import build
 
     with pytest.raises(ValueError, match="rollout.reset_mode: 'soft'"):
-        LiberoEpisodeEnv(EnvSettings(reset_mode="soft"), get_protocol("openpi"))
+        LiberoEpisodeEnv(build(EnvSettings, "rollout", reset_mode="soft"), get_protocol("openpi"))

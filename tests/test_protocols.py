@@ -19,6 +19,7 @@ from libero_eval.rollout.env_worker import (
 )
 from libero_eval.rollout.protocols import episode_seed, get_protocol, reset_seed_of
 from libero_eval.rollout.runner import ShardSettings, _record
+from libero_eval.settings_schema import build, default
 
 CHUNK = 16
 
@@ -59,7 +60,7 @@ class ScriptedEpisodeEnv(LiberoEpisodeEnv):
     """LiberoEpisodeEnv with the scripted env in place of LIBERO (everything else is ours)."""
 
     def __init__(self, protocol, success_steps=(), reset_seeding="episode"):
-        super().__init__(EnvSettings(reset_seeding=reset_seeding), protocol)
+        super().__init__(build(EnvSettings, "rollout", reset_seeding=reset_seeding), protocol)
         self.fake = ScriptedLibero(success_steps)
         self.queries = 0
 
@@ -242,8 +243,12 @@ def test_result_row_records_the_protocol_seed_and_the_episodes_reset_seed():
         shard="shard000",
         slot=0,
         protocol=protocol,
-        env=EnvSettings(),
+        env=build(EnvSettings, "rollout"),
         adapter=None,  # a result row does not ask the policy
+        envs_per_shard=1,
+        max_inflight_requests=None,
+        batch_timeout_s=default("rollout", "batch_timeout_s"),
+        health_timeout_s=default("server", "health_timeout_s"),
     )
     row = _record(settings, Episode("libero_goal", 4, 9), None, None)
     assert row["seed"] == 7 and row["reset_seeding"] == "episode"

@@ -42,7 +42,11 @@ IMAGE = RNG.integers(0, 256, size=(8, 16, 3), dtype=np.uint8)
 
 
 def settings(**overrides: Any) -> ReferenceServerSettings:
-    values: dict[str, Any] = {"action_stats_path": STATS_PATH, "padded_action_dim": PADDED_DIM}
+    values: dict[str, Any] = {
+        "action_stats_path": STATS_PATH,
+        "padded_action_dim": PADDED_DIM,
+        "policy": "hold",  # the schema's default, scripted, needs privileged state
+    }
     values.update(overrides)
     return ReferenceServerSettings(**values)
 

@@ -143,6 +143,7 @@ def test_env_workers_render_where_the_plan_says_or_fail_naming_the_variables():
     list fails the episode at env start with the variables named."""
     from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeSpec
     from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.settings_schema import build
 
     protocol = get_protocol("openpi", max_steps_override=1)
     cases = {
@@ -151,7 +152,9 @@ def test_env_workers_render_where_the_plan_says_or_fail_naming_the_variables():
     }
     replies = {}
     for name, render_env in cases.items():
-        settings = EnvSettings(camera_size=32, render_mode="every_step", render_env=render_env)
+        settings = build(
+            EnvSettings, "rollout", camera_size=32, render_mode="every_step", render_env=render_env
+        )
         worker = EnvWorker(0, settings, protocol)
         try:
             worker.send("start", EpisodeSpec("libero_spatial", 0, 0))

@@ -41,9 +41,10 @@ def _run_episodes(render_mode: str, suite: str, task_id: int, init_states: tuple
         seeded_action_chunks,
     )
     from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.settings_schema import build
 
     env = LiberoEpisodeEnv(
-        EnvSettings(render_mode=render_mode, video_stride=VIDEO_STRIDE),
+        build(EnvSettings, "rollout", render_mode=render_mode, video_stride=VIDEO_STRIDE),
         get_protocol("rlinf", max_steps_override=MAX_STEPS, seed=1140),
     )
     episodes = []

@@ -31,6 +31,7 @@ from libero_eval.rollout.env_worker import (
     LiberoEpisodeEnv,
 )
 from libero_eval.rollout.protocols import get_protocol
+from libero_eval.settings_schema import build
 
 pytestmark = pytest.mark.libero
 
@@ -69,7 +70,7 @@ def global_block(model_chunk: np.ndarray) -> np.ndarray:
 def run_expert_episode(convert) -> EpisodeOutcome:
     """libero_spatial task 0, init state 0, cosmos protocol, through `convert`."""
     protocol = get_protocol("cosmos")
-    env = LiberoEpisodeEnv(EnvSettings(send_privileged_state=True), protocol)
+    env = LiberoEpisodeEnv(build(EnvSettings, "rollout", send_privileged_state=True), protocol)
     expert = ScriptedExpertPolicy()
     try:
         result = env.start_episode(EpisodeSpec("libero_spatial", 0, 0))

@@ -114,6 +114,7 @@ def _shard_main(
     from libero_eval.rollout.env_worker import EnvSettings
     from libero_eval.rollout.protocols import get_protocol
     from libero_eval.rollout.runner import ShardRunner, ShardSettings
+    from libero_eval.settings_schema import build
     from libero_eval.store import EpisodeStore
 
     config = default_config()
@@ -122,10 +123,12 @@ def _shard_main(
         shard=name,
         slot=0,
         protocol=get_protocol("rlinf", max_steps, config["plan"]["seed"]),
-        env=EnvSettings(render_mode="on_demand"),
+        env=build(EnvSettings, "rollout", render_mode="on_demand"),
         adapter=make_adapter("cosmos3", config["policy"]["cosmos3"]),
         envs_per_shard=cell.envs_per_shard,
         max_inflight_requests=cell.inflight,
+        batch_timeout_s=config["rollout"]["batch_timeout_s"],
+        health_timeout_s=config["server"]["health_timeout_s"],
     )
 
     def progress(done: int, total: int, _successes: int) -> None:

@@ -54,6 +54,7 @@ def section_a(args: argparse.Namespace) -> EnvResult:
         seeded_action_chunks,
     )
     from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.settings_schema import build
 
     suite, task_id = args.task
     spec = EpisodeSpec(suite, task_id, args.init_state)
@@ -63,7 +64,7 @@ def section_a(args: argparse.Namespace) -> EnvResult:
 
     def start(render_mode: str) -> tuple[Any, list]:
         """An env on the episode, one chunk in (warm-up), and the queries so far."""
-        env = LiberoEpisodeEnv(EnvSettings(render_mode=render_mode), protocol)
+        env = LiberoEpisodeEnv(build(EnvSettings, "rollout", render_mode=render_mode), protocol)
         queries = [(env.start_episode(spec), env.sim_state())]
         queries.append((env.step_chunk(chunks[0]), env.sim_state()))
         return env, queries

@@ -18,8 +18,11 @@ def _observation_for_d(env_result: EnvResult | None, args: argparse.Namespace):
         return env_result.observation
     from libero_eval.rollout.env_worker import EnvSettings, EpisodeSpec, LiberoEpisodeEnv
     from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.settings_schema import build
 
-    env = LiberoEpisodeEnv(EnvSettings(), get_protocol("rlinf", max_steps_override=64))
+    env = LiberoEpisodeEnv(
+        build(EnvSettings, "rollout"), get_protocol("rlinf", max_steps_override=64)
+    )
     try:
         return env.start_episode(EpisodeSpec(args.task[0], args.task[1], args.init_state))
     finally:
@@ -42,7 +45,9 @@ def _transport_costs(
     client = HttpConnection(
         "http://127.0.0.1:9", wire_format="msgpack" if transport == "msgpack" else "json"
     )
-    server_settings = ReferenceServerSettings(action_stats_path=STATS, max_batch_size=64)
+    server_settings = ReferenceServerSettings(
+        action_stats_path=STATS, max_batch_size=64, policy="hold"
+    )
     observations = [observation] * batch
     payload = adapter.build_request(observations, request_id="bench")
     body, headers = client.encode(payload)

@@ -6,9 +6,10 @@ rather than writing it again."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import jsonschema
 import yaml
@@ -17,6 +18,7 @@ from libero_eval import package_data
 
 # src/libero_eval/data/schema.yaml in the repository (Snakemake's `validate` reads it there)
 SCHEMA_PATH: Path = package_data.path("schema.yaml")
+T = TypeVar("T")
 
 
 @cache
@@ -54,6 +56,28 @@ def defaults(*path: str) -> dict[str, Any]:
         name: copy.deepcopy(spec.get("default"))
         for name, spec in section(*path)["properties"].items()
     }
+
+
+def default(*path: str) -> Any:
+    """The schema default of the field at ``path``, e.g. ``default("report", "decimals")`` (a
+    fresh copy): what a function parameter or a settings field that stands for a config field
+    takes, so the value is written once, in the schema."""
+    *parent, name = path
+    return copy.deepcopy(section(*parent)["properties"][name]["default"])
+
+
+def build(cls: type[T], *path: str, **values: Any) -> T:
+    """The dataclass ``cls``, a projection of the config object at ``path`` (its fields that
+    the schema has carry no default of their own), with ``values`` and each of those fields
+    not in ``values`` at its schema default: ``build(EnvSettings, "rollout", reset_mode="hard")``
+    is what a config that sets only ``rollout.reset_mode`` gives."""
+    known = section(*path)["properties"]
+    filled = {
+        f.name: default(*path, f.name)
+        for f in dataclasses.fields(cls)  # type: ignore[arg-type]
+        if f.name in known and f.name not in values
+    }
+    return cls(**filled, **values)
 
 
 # The schema's mark of a field that changes no episode's outcome (JSON Schema ignores `x-` keys).

@@ -13,6 +13,7 @@ from pathlib import Path
 from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
+from libero_eval import settings_schema
 from libero_eval.policy.actions import MODEL_ACTION_DIM, stats_block_for
 
 ACTION_HORIZON = 16
@@ -57,6 +58,8 @@ DEFAULT_NUM_INFERENCE_STEPS = 35
 DEFAULT_SEED = 42
 RESPONSE_FORMATS = ("envelope", "raw")
 FAMILIES = ("cosmos3", "pi05")
+# The config's `server.reference` defaults (the schema's): the server's own where it has them.
+CONFIG = settings_schema.defaults("server", "reference")
 
 
 def _setting(default: Any = MISSING, help: str = "", flag: str | None = None, **kw: Any) -> Any:
@@ -73,22 +76,32 @@ class ReferenceServerSettings:
 
     The one list of the server's settings: its command-line flags (:func:`add_arguments`,
     :func:`from_arguments`) and the argv the serve job writes (:func:`to_argv`) are derived
-    from these fields."""
+    from these fields. The fields of the config's `server.reference` section take their
+    defaults from the schema (:data:`CONFIG`), which writes them once (the server runs on its
+    own too, so it has defaults); tests/test_settings_defined_once.py checks them."""
 
-    policy: str = _setting("hold", "server policy name (default hold)")
+    policy: str = _setting(CONFIG["policy"], f"server policy name (default {CONFIG['policy']})")
     action_stats_path: Path = _setting(
         help="Cosmos3 LIBERO action stats JSON", flag="--action-stats"
     )
     normalization: str = _setting(
-        "quantile_rot", "quantile_rot (stats block global_raw) or quantile (global)"
+        CONFIG["normalization"], "quantile_rot (stats block global_raw) or quantile (global)"
     )
-    max_batch_size: int = _setting(8, "largest batch computed at once, like --batching-max-size")
+    max_batch_size: int = _setting(
+        CONFIG["max_batch_size"], "largest batch computed at once, like --batching-max-size"
+    )
     padded_action_dim: int = _setting(
-        MODEL_ACTION_DIM, f"channels per action row, zero-padded beyond {MODEL_ACTION_DIM}"
+        CONFIG["padded_action_dim"],
+        f"channels per action row, zero-padded beyond {MODEL_ACTION_DIM}",
     )
-    latency_fixed_s: float = _setting(0.0, "latency model: fixed seconds per batch")
-    latency_per_item_s: float = _setting(0.0, "latency model: seconds per observation")
-    model_name: str = _setting("reference-hold", "reported model name")
+    latency_fixed_s: float = _setting(
+        CONFIG["latency_fixed_s"], "latency model: fixed seconds per batch"
+    )
+    latency_per_item_s: float = _setting(
+        CONFIG["latency_per_item_s"], "latency model: seconds per observation"
+    )
+    # None: reference-<policy>, as the serve job names it
+    model_name: str | None = _setting(None, "reported model name (default reference-<policy>)")
     # or "pi05": SGLang's π0.5 API (reference/pi05.py)
     family: str = _setting("cosmos3", "model family whose SGLang API to serve (default cosmos3)")
     # π0.5: the model's own statistics
@@ -102,6 +115,8 @@ class ReferenceServerSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "action_stats_path", Path(self.action_stats_path))
+        if self.model_name is None:
+            object.__setattr__(self, "model_name", f"reference-{self.policy}")
         if self.family not in FAMILIES:
             raise ValueError(f"family must be one of {list(FAMILIES)}, got {self.family!r}")
         if self.family == "pi05" and self.norm_stats_path is None:

@@ -69,7 +69,11 @@ class ShardFailed(RuntimeError):
 
 @dataclass
 class ShardSettings:
-    """What a shard runs with; composed above this layer (`libero_eval.config.RunSettings`)."""
+    """What a shard runs with; composed above this layer (`libero_eval.config.RunSettings`).
+
+    Its config fields (`rollout.envs_per_shard`, `max_inflight_requests`, `batch_timeout_s`,
+    `server.health_timeout_s`) have no default here: the config, filled by the schema, gives
+    them (tests/test_settings_defined_once.py checks them against the schema)."""
 
     run_id: str
     shard: str
@@ -77,16 +81,16 @@ class ShardSettings:
     protocol: EpisodeProtocol  # its seed is the run's seed (recorded in every row)
     env: EnvSettings
     adapter: PolicyAdapter  # built once, by whoever composed the job (its statistics loaded)
+    envs_per_shard: int  # what the job got (rollout.envs_per_shard, maybe lowered to --cores)
+    # requests at the server at once (one computing, the rest queued behind it); None: as
+    # many as the envs fill, ceil(envs / the server's max batch)
+    max_inflight_requests: int | None
+    batch_timeout_s: float  # a partial batch waits no longer at an idle server
+    health_timeout_s: float  # server.health_timeout_s
     # the server's endpoint (channel, wire format, paths); its URL comes from the service file
     endpoint: ConnectionSpec = field(default_factory=lambda: ConnectionSpec(""))
     # what a failure leads to (rollout.failures); None: the schema's defaults
     failures: FailurePolicy | None = None
-    envs_per_shard: int = 2
-    # requests at the server at once (one computing, the rest queued behind it); None: as
-    # many as the envs fill, ceil(envs / the server's max batch)
-    max_inflight_requests: int | None = None
-    batch_timeout_s: float = 1.0  # a partial batch waits no longer at an idle server
-    health_timeout_s: float = 900.0
     event_log: Path | None = None
     video_dir: Path | None = None
 

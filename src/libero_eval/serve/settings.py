@@ -12,13 +12,12 @@ import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import MISSING, dataclass, field, fields
-from typing import Any
+from typing import Any, ClassVar
 
 from libero_eval import settings_schema
 from libero_eval.reference import settings as reference_settings
 
 BACKENDS = ("reference", "sglang", "openpi")
-DEFAULT_PIPELINE_CLASS = "Cosmos3OmniDiffusersPipeline"
 # Flags `build_command` sets itself for sglang; also passing them in extra_args would make the
 # server listen somewhere else than the URL we publish. `--pipeline` is an alias of
 # `--pipeline-class-name` in server_args.py.
@@ -97,10 +96,14 @@ def _get_str_list(data: Mapping[str, Any], key: str, where: str, default: list[s
     return list(value)
 
 
-def _default(cls: type, name: str) -> Any:
-    """The dataclass field's default (its factory's value): written once, on the field."""
+def _default(cls: Any, name: str) -> Any:
+    """The value of a field left out of the mapping: for a field of the config section
+    ``cls`` projects (``cls.SECTION``), the schema's default, the one place it is written;
+    else the dataclass field's own (a serve-only field, such as ``health_poll_s``)."""
+    if name in settings_schema.fields(*cls.SECTION):
+        return settings_schema.default(*cls.SECTION, name)
     spec = next(f for f in fields(cls) if f.name == name)
-    return spec.default_factory() if spec.default is MISSING else spec.default
+    return spec.default_factory() if spec.default is MISSING else spec.default  # type: ignore[misc]
 
 
 def _require(data: Mapping[str, Any], key: str, where: str) -> None:
@@ -163,18 +166,21 @@ class SglangServerSettings:
     `python -m sglang.cli.main` does NOT work: that module has no `__main__` guard.
     """
 
+    SECTION: ClassVar[tuple[str, ...]] = ("server", "sglang")
+
     model_path: str
-    command: list[str] = field(default_factory=lambda: ["sglang"])
-    num_gpus: int = 1
-    tp_size: int = 1
+    command: list[str]
+    num_gpus: int
+    tp_size: int
     # SGLang's own default is 1 (no batching); the Cosmos3 LIBERO reference setup uses 8.
-    batching_max_size: int = 8
-    pipeline_class_name: str = DEFAULT_PIPELINE_CLASS
-    attention_backend: str | None = None
-    performance_mode: str | None = None  # --performance-mode; None keeps SGLang's (auto)
-    gpu_memory_cap_gib: float | None = None  # SGLANG_MEMORY_CAP_VARIABLE; None = no cap
-    extra_args: list[str] = field(default_factory=list)
-    # --master-port / --scheduler-port; None: a free port each at launch (command.resolve_port)
+    batching_max_size: int
+    pipeline_class_name: str
+    attention_backend: str | None
+    performance_mode: str | None  # --performance-mode; None keeps SGLang's (auto)
+    gpu_memory_cap_gib: float | None  # SGLANG_MEMORY_CAP_VARIABLE; None = no cap
+    extra_args: list[str]
+    # serve-only (not config fields): --master-port / --scheduler-port; None: a free port
+    # each at launch (command.resolve_port)
     master_port: int | None = None
     scheduler_port: int | None = None
 
@@ -206,7 +212,9 @@ class SglangServerSettings:
                 )
         num_gpus = _get_int(data, "num_gpus", where, _default(cls, "num_gpus"), 1)
         tp_size = _get_int(data, "tp_size", where, _default(cls, "tp_size"), 1)
-        performance_mode = _get_str(data, "performance_mode", where, None)
+        performance_mode = _get_str(
+            data, "performance_mode", where, _default(cls, "performance_mode")
+        )
         if performance_mode is not None and performance_mode not in SGLANG_PERFORMANCE_MODES:
             raise ServerSettingsError(
                 f"{where}.performance_mode: expected one of "
@@ -227,9 +235,13 @@ class SglangServerSettings:
             pipeline_class_name=_get_str(
                 data, "pipeline_class_name", where, _default(cls, "pipeline_class_name")
             ),
-            attention_backend=_get_str(data, "attention_backend", where, None),
+            attention_backend=_get_str(
+                data, "attention_backend", where, _default(cls, "attention_backend")
+            ),
             performance_mode=performance_mode,
-            gpu_memory_cap_gib=_get_float(data, "gpu_memory_cap_gib", where, None, 0.0, True),
+            gpu_memory_cap_gib=_get_float(
+                data, "gpu_memory_cap_gib", where, _default(cls, "gpu_memory_cap_gib"), 0.0, True
+            ),
             extra_args=extra_args,
             master_port=_get_port(data, "master_port", where),
             scheduler_port=_get_port(data, "scheduler_port", where),
@@ -254,9 +266,11 @@ class OpenpiServerSettings:
     server always listens on 0.0.0.0 and answers `GET /healthz` once the policy is loaded.
     """
 
+    SECTION: ClassVar[tuple[str, ...]] = ("server", "openpi")
+
     command: list[str]
-    cwd: str | None = None
-    health_path: str = "/healthz"
+    cwd: str | None
+    health_path: str
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "server.openpi") -> OpenpiServerSettings:
@@ -287,7 +301,8 @@ class OpenpiServerSettings:
             raise ServerSettingsError(
                 f"{where}.health_path: must start with '/', got {health_path!r}"
             )
-        return cls(command=command, cwd=_get_str(data, "cwd", where, None), health_path=health_path)
+        cwd = _get_str(data, "cwd", where, _default(cls, "cwd"))
+        return cls(command=command, cwd=cwd, health_path=health_path)
 
 
 @dataclass(frozen=True)
@@ -298,15 +313,17 @@ class ServerSettings:
     indices); None keeps the environment's value (e.g. set by SLURM).
     """
 
+    SECTION: ClassVar[tuple[str, ...]] = ("server",)
+
     backend: str
-    slot: int
-    host: str = "127.0.0.1"
-    port: int = 0
-    health_timeout_s: float = 900.0
+    slot: int  # serve-only fields below have defaults; the config's fields come from it
+    host: str
+    port: int
+    health_timeout_s: float
+    teardown_grace_s: float
+    cpu_threads: int | None  # None: command.server_threads picks
     health_poll_s: float = 1.0
-    teardown_grace_s: float = 20.0
-    cpu_threads: int | None = None  # None: command.server_threads picks
-    gpu_id: int | tuple[int, ...] | None = None
+    gpu_id: int | tuple[int, ...] | None = None  # server.gpu_ids resolved for the slot
     extra_env: dict[str, str] = field(default_factory=dict)
     reference: ReferenceServerFlags | None = None
     sglang: SglangServerSettings | None = None
@@ -383,7 +400,7 @@ class ServerSettings:
             teardown_grace_s=_get_float(
                 data, "teardown_grace_s", where, _default(cls, "teardown_grace_s"), 0.0, False
             ),
-            cpu_threads=_get_int(data, "cpu_threads", where, None, 1),
+            cpu_threads=_get_int(data, "cpu_threads", where, _default(cls, "cpu_threads"), 1),
             gpu_id=gpu_id,
             extra_env={k: str(v) for k, v in extra_env.items()},
             reference=reference,
