@@ -1,11 +1,18 @@
 """Each settings field is defined in one place: the schema owns the config's names and defaults
 (`libero_eval.settings_schema` reads it), `ReferenceServerSettings` owns the reference server's
-fields, and everything else derives from those, so no field list is written twice."""
+fields, and everything else derives from those, so no field list or default is written twice.
+
+Every section of the schema is covered: no module writes a config field's default again (as a
+dataclass field's or a function parameter's default, in a ``.get(key, default)`` call or a dict
+literal), and the job-side settings dataclasses are projections of the schema (their config
+fields have no default of their own). A default that must stay is listed in
+:data:`JUSTIFIED`, with its reason; an entry that no longer matches anything fails."""
 
 import ast
 import copy
-from dataclasses import fields
+from dataclasses import MISSING, fields
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,13 +22,40 @@ from libero_eval.reference import settings as reference_settings
 from libero_eval.serve.settings import ReferenceServerFlags, ServerSettings
 
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "libero_eval"
-# Config sections whose defaults only the schema writes.
-SCHEMA_OWNED = [("policy", "cosmos3"), ("policy", "pi05"), ("report",), ("rollout",)]
+SCRIPTS = PACKAGE.parents[1] / "workflow" / "scripts"
+
+
+def schema_sections(node: dict | None = None, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    """Every config object of the schema that has fields, the top level first."""
+    node = settings_schema.schema() if node is None else node
+    found = [path]
+    for name, spec in node.get("properties", {}).items():
+        if "properties" in spec:
+            found += schema_sections(spec, (*path, name))
+    return found
+
+
+# Every section of the schema (the top level is ``()``): what the scans below cover.
+SECTIONS = schema_sections()
 MIN_FIELDS = 3  # a literal naming this many of a section's fields is a second list of them
+# Code names of config fields: a parameter named so stands for the field (and must not repeat
+# its default).
+ALIASES = {
+    "confidence": "report.confidence_level",
+    "alpha": "report.published_alpha",
+    "n_resamples": "compare.bootstrap_resamples",
+    "per_task": "report.videos_per_task",
+    "timeout_s": "policy.http_timeout_s",
+    "max_retries": "policy.http_max_retries",
+    "retry_backoff_s": "policy.http_retry_backoff_s",
+}
 
 
 def sources() -> dict[str, str]:
-    return {str(p.relative_to(PACKAGE)): p.read_text() for p in PACKAGE.rglob("*.py")}
+    """The package's modules and the workflow's scripts, by path (``scripts/`` for these)."""
+    found = {str(p.relative_to(PACKAGE)): p.read_text() for p in PACKAGE.rglob("*.py")}
+    found |= {f"scripts/{p.name}": p.read_text() for p in SCRIPTS.glob("*.py")}
+    return found
 
 
 def _constant(node: ast.AST) -> object:
@@ -94,9 +128,13 @@ def listed_fields(source: str, names: set[str], owner: str | None = None) -> lis
     return [hit & names for hit in found if len(hit & names) >= MIN_FIELDS]
 
 
-@pytest.mark.parametrize("path", SCHEMA_OWNED, ids=".".join)
+@pytest.mark.parametrize("path", SECTIONS, ids=lambda path: ".".join(path) or "top")
 def test_no_module_writes_a_schema_sections_defaults_again(path):
-    defaults = settings_schema.defaults(*path)
+    section = settings_schema.section(*path)["properties"]
+    # its fields (a subsection's `{}` is no value of its own: the subsection is checked itself)
+    defaults = {
+        k: v for k, v in settings_schema.defaults(*path).items() if "properties" not in section[k]
+    }
     copies = {
         module: hits
         for module, source in sources().items()
@@ -215,3 +253,366 @@ def test_every_slots_server_settings_cross_to_the_serve_job_unchanged(name, monk
         settings = run.server(slot)
         assert isinstance(settings, ServerSettings)
         assert ServerSettings.from_dict(json.loads(settings.to_json())) == settings
+
+
+# --- one default per config field -------------------------------------------------------------
+
+# Defaults written in Python that equal a config field's schema default and must stay, each
+# with its reason: "<module>:<scope>.<name>" (the scope is the enclosing classes and functions).
+_FAILURES = "a retry/timeout knob of the connections: the failures section takes it (issue 26)"
+_SGLANG_API = (
+    "SGLang 0.5.23's own default for a request or metadata field, which the reference server "
+    "reproduces (the client always sends the config's value)"
+)
+_LOOPBACK = "loopback where the caller names no host (tests, benchmarks); the serve job passes it"
+JUSTIFIED: dict[str, str] = {
+    **dict.fromkeys(
+        [
+            f"{module}:{scope}.{name}"
+            for module, scope in (
+                ("policy/client.py", "HttpConnection.__init__"),
+                ("policy/ws_client.py", "WebsocketConnection.__init__"),
+                ("policy/connection.py", "connect"),
+                ("rollout/runner.py", "ClientSettings"),
+            )
+            for name in ("timeout_s", "max_retries", "retry_backoff_s")
+        ],
+        _FAILURES,
+    ),
+    "policy/client.py:HttpConnection.__init__.wire_format": (
+        "the HTTP wire format, msgpack unless a family's endpoint says json; the same word as "
+        "policy.pi05.wire_format's default, not that field"
+    ),
+    "policy/connection.py:ConnectionSpec.wire_format": (
+        "an endpoint's wire format (msgpack, the codec's native one) unless its family says "
+        "otherwise; not policy.pi05.wire_format"
+    ),
+    "policy/connection.py:policy_connection_spec.transport": (
+        "a Cosmos3 settings mapping built without the schema (tests) talks msgpack; the "
+        "families package gives the endpoint its own defaults (issue 26)"
+    ),
+    "policy/adapters/cosmos3.py:Cosmos3Adapter.family": "the adapter's family name, no default",
+    "report/tables.py:failures_by_error.metric": (
+        "the failure table counts episodes that never succeeded; no config field chooses it"
+    ),
+    "reference/requests.py:parse_generation_request.action_mode": _SGLANG_API,
+    "reference/requests.py:parse_generation_request.response_format": _SGLANG_API,
+    "reference/responses.py:action_metadata.num_gpus": _SGLANG_API,
+    "reference/responses.py:action_metadata.tp_size": _SGLANG_API,
+    "reference/responses.py:action_metadata.action_mode": _SGLANG_API,
+    "reference/server.py:ReferenceServer.generate.action_mode": _SGLANG_API,
+    "reference/server.py:_add_pi05_routes.create_action_generation.response_format": (_SGLANG_API),
+    "reference/pi05.py:parse_request.response_format": _SGLANG_API,
+    "reference/pi05.py:parse_request.num_inference_steps": _SGLANG_API,
+    "reference/pi05.py:metadata.num_inference_steps": _SGLANG_API,
+    "reference/pi05.py:Pi05Model.normalization": (
+        "SGLang's Pi05PipelineConfig default for a model without its own (the server's model)"
+    ),
+    "reference/pi05.py:Pi05Model.image_size": (
+        "SGLang's Pi05PipelineConfig default for a model without its own (the server's model)"
+    ),
+    "reference/server.py:serve_in_thread.host": _LOOPBACK,
+    "serve/command.py:pick_free_port.host": _LOOPBACK,
+    "serve/command.py:pick_free_ports.host": _LOOPBACK,
+}
+
+
+def field_defaults() -> dict[str, list[tuple[str, Any]]]:
+    """Each config field's name (and its :data:`ALIASES`) -> the dotted fields of that name in
+    the schema, every section, with their non-null defaults (None is every lookup's default)."""
+    found: dict[str, list[tuple[str, Any]]] = {}
+    for path in SECTIONS:
+        for name, spec in settings_schema.section(*path)["properties"].items():
+            if "properties" not in spec and spec.get("default") is not None:
+                found.setdefault(name, []).append((".".join((*path, name)), spec["default"]))
+    for alias, dotted in ALIASES.items():
+        *path, name = dotted.split(".")
+        found.setdefault(alias, []).append((dotted, settings_schema.default(*path, name)))
+    return found
+
+
+def _same(a: Any, b: Any) -> bool:
+    """Equal as config values: 600 is 600.0, a tuple is a list, True is not 1."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return a == b
+
+
+_EMPTY_FACTORIES = {"list": [], "dict": {}, "tuple": (), "set": set()}
+
+
+def default_writes(source: str) -> list[tuple[str, str, Any]]:
+    """Every default ``source`` writes, as (where, name, value): a dataclass field's (also
+    ``field(default=...)``, ``field(default_factory=...)`` and ``_setting(...)``), a function
+    parameter's, a ``.get``/``.setdefault``/``.pop(key, default)`` or ``getattr(x, key,
+    default)`` call's and a dict literal's ``{key: value}``. ``where`` is
+    ``<scope>.<name>``; a module-level constant's name stands for its value; values that are
+    not constants are left out."""
+    tree = ast.parse(source)
+    constants: dict[str, Any] = {}
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+        value = _constant(node.value) if getattr(node, "value", None) else _NOT_A_CONSTANT
+        if isinstance(target, ast.Name) and value is not _NOT_A_CONSTANT:
+            constants[target.id] = value
+
+    def value_of(node: ast.AST) -> Any:
+        if isinstance(node, ast.Name) and node.id in constants:
+            return constants[node.id]
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("field", "_setting"):
+            keywords = {k.arg: k.value for k in node.keywords}
+            if "default" in keywords:
+                return value_of(keywords["default"])
+            factory = keywords.get("default_factory")
+            if isinstance(factory, ast.Lambda):
+                return value_of(factory.body)
+            if isinstance(factory, ast.Name):
+                return _EMPTY_FACTORIES.get(factory.id, _NOT_A_CONSTANT)
+            return value_of(node.args[0]) if node.args else _NOT_A_CONSTANT
+        return _constant(node)
+
+    found: list[tuple[str, str, Any]] = []
+
+    def add(scope: tuple[str, ...], name: object, node: ast.AST) -> None:
+        if isinstance(name, str):
+            found.append((".".join((*scope, name)), name, value_of(node)))
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = scope
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+                inner = (*scope, getattr(child, "name", "<lambda>"))
+                args = child.args
+                positional = args.posonlyargs + args.args
+                for arg, default in zip(
+                    positional[len(positional) - len(args.defaults) :], args.defaults, strict=True
+                ):
+                    add(inner, arg.arg, default)
+                for arg, default in zip(args.kwonlyargs, args.kw_defaults, strict=True):
+                    if default is not None:
+                        add(inner, arg.arg, default)
+            elif isinstance(child, ast.ClassDef):
+                inner = (*scope, child.name)
+                for item in child.body:
+                    if isinstance(item, ast.AnnAssign) and item.value is not None:
+                        add(inner, getattr(item.target, "id", None), item.value)
+            elif isinstance(child, ast.Call):
+                method = getattr(child.func, "attr", None)
+                if method in ("get", "setdefault", "pop") and len(child.args) == 2:
+                    add(scope, _constant(child.args[0]), child.args[1])
+                elif getattr(child.func, "id", None) == "getattr" and len(child.args) == 3:
+                    add(scope, _constant(child.args[1]), child.args[2])
+            elif isinstance(child, ast.Dict):
+                for key, value in zip(child.keys, child.values, strict=True):
+                    if key is not None:
+                        add(scope, _constant(key), value)
+            visit(child, inner)
+
+    visit(tree, ())
+    return found
+
+
+def defaults_written_again(source: str) -> dict[str, str]:
+    """The defaults in ``source`` equal to the schema default of a config field of the same
+    name (or alias): ``{where: "dotted.field = value"}``."""
+    known = field_defaults()
+    hits: dict[str, str] = {}
+    for where, name, value in default_writes(source):
+        if value is _NOT_A_CONSTANT or value is None:
+            continue
+        for dotted, default in known.get(name, ()):
+            if _same(value, default):
+                hits[where] = f"{dotted} = {default!r}"
+    return hits
+
+
+def test_no_module_writes_a_config_fields_default_again():
+    """The schema writes each config field's default once; code that needs one reads it
+    (`settings_schema.default`) or gets the value from the config."""
+    found = {
+        f"{module}:{where}": field
+        for module, source in sources().items()
+        for where, field in defaults_written_again(source).items()
+    }
+    unjustified = {where: field for where, field in found.items() if where not in JUSTIFIED}
+    assert unjustified == {}, (
+        f"config defaults written again (take them from the config or settings_schema, or "
+        f"list them in JUSTIFIED with a reason): {unjustified}"
+    )
+    stale = sorted(set(JUSTIFIED) - set(found))
+    assert stale == [], f"JUSTIFIED entries that match nothing any more (remove them): {stale}"
+
+
+def test_the_default_scan_catches_every_way_of_writing_a_default():
+    """Each form the scan looks for, fed to it: it can fail."""
+    snippets = {
+        "EnvSettings.camera_size": "class EnvSettings:\n    camera_size: int = 256\n",
+        "Server.host": "class Server:\n    host: str = field(default='127.0.0.1')\n",
+        "S.command": "class S:\n    command: list = field(default_factory=lambda: ['sglang'])\n",
+        "R.policy": "class R:\n    policy: str = _setting('scripted', 'help')\n",
+        "S.extra_args": "class S:\n    extra_args: list = field(default_factory=list)\n",
+        "summary.decimals": "def summary(table, *, decimals=1):\n    pass\n",
+        "ci.confidence": "def ci(x, confidence=0.95):\n    pass\n",
+        "connect.timeout_s": "def connect(url, timeout_s=600.0, retries=5):\n    pass\n",
+        "f.batch_timeout_s": "def f(rollout):\n    return rollout.get('batch_timeout_s', 1.0)\n",
+        "f.pipeline_class_name": (
+            "PIPE = 'Cosmos3OmniDiffusersPipeline'\n"
+            "def f(s):\n    return getattr(s, 'pipeline_class_name', PIPE)\n"
+        ),
+        "f.num_slots": "def f():\n    return {'num_slots': 1}\n",
+        "f.enabled": "def f(videos):\n    return videos.setdefault('enabled', False)\n",
+    }
+    for where, source in snippets.items():
+        assert where in defaults_written_again(source), (where, source)
+    # other values, or a field's name given its value from elsewhere, are not a default
+    quiet = (
+        "def f(rollout, decimals=2, enabled=0):\n"
+        "    camera_size = rollout['camera_size']\n"
+        "    return {'decimals': decimals, 'camera_size': camera_size, 'port': None}\n"
+    )
+    assert defaults_written_again(quiet) == {}
+
+
+# --- the job-side settings dataclasses are projections of the schema --------------------------
+
+
+def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str, str]]]:
+    """(dataclass, the schema section it projects, its fields from other sections as dotted
+    schema fields, its fields that are no config field with why)."""
+    from libero_eval.rollout.env_worker import EnvSettings
+    from libero_eval.rollout.runner import ShardSettings
+    from libero_eval.serve.settings import OpenpiServerSettings, SglangServerSettings
+
+    job = "the job's own, set where the job is composed (libero_eval.config)"
+    return [
+        (
+            EnvSettings,
+            ("rollout",),
+            {},
+            {
+                "video_stride": "rollout.videos.frame_stride, or 0 while videos are off",
+                "render_env": "rollout.render_device resolved for the shard's slot",
+            },
+        ),
+        (
+            ShardSettings,
+            ("rollout",),
+            {"health_timeout_s": "server.health_timeout_s"},
+            {
+                **dict.fromkeys(("run_id", "shard", "slot", "env", "adapter"), job),
+                "endpoint": "the family's endpoint (policy.connection)",
+                "client": "policy.http_* (ClientSettings; the failures section takes them)",
+                "max_episode_attempts": "a hard-coded failure knob (the failures section)",
+                "max_consecutive_bad_responses": "a hard-coded failure knob (ditto)",
+                "event_log": "a path of the job (its log)",
+                "video_dir": "a path of the job (its videos)",
+            },
+        ),
+        (
+            ServerSettings,
+            ("server",),
+            {},
+            {
+                "slot": "the serve job's slot",
+                "health_poll_s": "how often the serve job polls its server (no config field)",
+                "gpu_id": "server.gpu_ids resolved for the slot (libero_eval.config)",
+                "extra_env": "variables a test or benchmark adds to the server's environment",
+            },
+        ),
+        (
+            SglangServerSettings,
+            ("server", "sglang"),
+            {},
+            {
+                "master_port": "serve-only: picked free at launch unless a test pins it",
+                "scheduler_port": "serve-only: picked free at launch unless a test pins it",
+            },
+        ),
+        (OpenpiServerSettings, ("server", "openpi"), {}, {}),
+    ]
+
+
+@pytest.mark.parametrize("projection", _projections(), ids=lambda p: p[0].__name__)
+def test_a_settings_dataclass_is_a_projection_of_its_schema_section(projection):
+    cls, path, elsewhere, own = projection
+    section = settings_schema.section(*path)["properties"]
+    names = [f.name for f in fields(cls)]
+    # every field is the section's, another section's named here, or declared as the job's own
+    unknown = set(names) - set(section) - set(elsewhere) - set(own)
+    assert unknown == set(), f"{cls.__name__}: fields not in {'.'.join(path)}: {unknown}"
+    assert set(own) <= set(names) and set(elsewhere) <= set(names), "a declared field is gone"
+    assert not set(own) & set(section), f"{cls.__name__}: a declared own field is in the schema"
+    for dotted in elsewhere.values():
+        *other, leaf = dotted.split(".")
+        assert leaf in settings_schema.section(*other)["properties"], dotted
+    # a config field's value comes from the config (which the schema filled): no default here
+    with_default = [
+        f.name
+        for f in fields(cls)
+        if f.name not in own
+        and "properties" not in section.get(f.name, {})  # a subsection has its own class
+        and (f.default is not MISSING or f.default_factory is not MISSING)
+    ]
+    assert with_default == [], f"{cls.__name__}: config fields with a Python default"
+
+
+def test_the_reference_servers_defaults_are_the_schemas():
+    """The reference server runs on its own too, so its settings have defaults: for the
+    `server.reference` fields, the schema's (the drift of issue 26: `policy` was `hold`
+    there while the schema said `scripted`)."""
+    section = settings_schema.defaults("server", "reference")
+    own = {f.name: f for f in fields(reference_settings.ReferenceServerSettings)}
+    # action_stats_path: required on the command line (the serve job passes it, resolved);
+    # norm_stats_path: π0.5 only, resolved per run (a checkpoint's own statistics first)
+    required_or_resolved = {"action_stats_path", "norm_stats_path"}
+    for name, default in section.items():
+        assert name in own, f"server.reference.{name} is not a reference server setting"
+        if name not in required_or_resolved:
+            assert _same(own[name].default, default), (name, own[name].default, default)
+    assert own["action_stats_path"].default is MISSING
+    assert own["norm_stats_path"].default is None
+    parsed = reference_server.build_parser().parse_args(["--action-stats", "x.json"])
+    assert reference_server.settings_from_args(parsed).policy == section["policy"] == "scripted"
+
+
+def test_the_projection_check_fails_on_a_field_with_a_default_or_a_stray_field():
+    from dataclasses import dataclass
+
+    @dataclass
+    class WithDefault:
+        camera_size: int = 256
+
+    @dataclass
+    class Stray:
+        camera_size: int
+        not_a_field: int
+
+    with pytest.raises(AssertionError, match="Python default"):
+        test_a_settings_dataclass_is_a_projection_of_its_schema_section(
+            (WithDefault, ("rollout",), {}, {})
+        )
+    with pytest.raises(AssertionError, match="not_a_field"):
+        test_a_settings_dataclass_is_a_projection_of_its_schema_section(
+            (Stray, ("rollout",), {}, {})
+        )
+
+
+def test_the_guards_cover_every_section_of_the_schema():
+    dotted = {".".join(path) for path in SECTIONS}
+    assert {"", "plan", "server", "server.reference", "policy.pi05", "report", "slurm"} <= dotted
+    assert set(dotted) >= {".".join(path) for path in settings_schema_section_paths()}
+
+
+def settings_schema_section_paths() -> list[tuple[str, ...]]:
+    """The schema's sections as the schema's top level lists them (a second walk, by hand)."""
+    top = settings_schema.schema()["properties"]
+    paths = [(name,) for name, spec in top.items() if "properties" in spec]
+    for (name,) in list(paths):
+        paths += [
+            (name, sub) for sub, spec in top[name]["properties"].items() if "properties" in spec
+        ]
+    return paths

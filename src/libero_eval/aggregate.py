@@ -12,12 +12,18 @@ import math
 import pandas as pd
 from scipy.stats import norm
 
+from libero_eval import settings_schema
 from libero_eval.published import published_checks, published_markdown
+
+# the config's defaults (the schema's), for callers that give no value
+REPORT = settings_schema.defaults("report")
 
 METRICS = ("success_once", "success_at_end")
 
 
-def wilson_interval(successes: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+def wilson_interval(
+    successes: int, n: int, confidence: float = REPORT["confidence_level"]
+) -> tuple[float, float]:
     """Wilson score interval for a binomial proportion (nan, nan when n == 0)."""
     if n == 0:
         return math.nan, math.nan
@@ -60,7 +66,9 @@ def _summarize(group: pd.DataFrame, confidence: float) -> dict:
     return row
 
 
-def success_tables(episodes: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+def success_tables(
+    episodes: pd.DataFrame, confidence: float = REPORT["confidence_level"]
+) -> pd.DataFrame:
     """One table with a `level` column: task rows, suite rows and one overall row."""
     rows = []
     for (suite, task_id), group in episodes.groupby(["suite", "task_id"], sort=True):
@@ -91,10 +99,10 @@ def _pct(value: float, low: float, high: float, decimals: int) -> str:
 def markdown_summary(
     table: pd.DataFrame,
     run_id: str,
-    confidence: float = 0.95,
-    decimals: int = 1,
+    confidence: float = REPORT["confidence_level"],
+    decimals: int = REPORT["decimals"],
     published: pd.DataFrame | None = None,
-    alpha: float = 0.05,
+    alpha: float = REPORT["published_alpha"],
     seeds_section: str = "",
 ) -> str:
     """A Markdown report: suites and overall first, then the seeds (`seeds_markdown`, several
@@ -145,7 +153,9 @@ def _levels(episodes: pd.DataFrame):
     yield "overall", "all", None, episodes
 
 
-def per_seed_table(episodes: pd.DataFrame, confidence: float = 0.95) -> pd.DataFrame:
+def per_seed_table(
+    episodes: pd.DataFrame, confidence: float = REPORT["confidence_level"]
+) -> pd.DataFrame:
     """Each seed's own rates (with Wilson intervals) per task, suite and overall: one row per
     (level, suite, task, seed); per_seed.csv."""
     rows = []
@@ -192,7 +202,10 @@ def _mean_sd(mean: float, sd: float, decimals: int) -> str:
 
 
 def seeds_markdown(
-    table: pd.DataFrame, per_seed: pd.DataFrame, confidence: float = 0.95, decimals: int = 1
+    table: pd.DataFrame,
+    per_seed: pd.DataFrame,
+    confidence: float = REPORT["confidence_level"],
+    decimals: int = REPORT["decimals"],
 ) -> str:
     """The "Seeds" section of summary.md: per suite and overall, the pooled rate with its
     Wilson interval, the mean ± standard deviation over seeds and each seed's rate ("" for a
@@ -241,12 +254,12 @@ def write_summary(
     plan_path: str,
     outputs: dict[str, str],
     run_id: str,
-    confidence: float = 0.95,
-    decimals: int = 1,
+    confidence: float = REPORT["confidence_level"],
+    decimals: int = REPORT["decimals"],
     event_log: str | None = None,
     published: dict | None = None,
-    published_metric: str = "success_once",
-    published_alpha: float = 0.05,
+    published_metric: str = REPORT["published_metric"],
+    published_alpha: float = REPORT["published_alpha"],
 ) -> pd.DataFrame:
     """Read shard tables, check them against the plan, write every summary output. With
     `published` (report.published) the Markdown and per_suite.csv also hold the check of

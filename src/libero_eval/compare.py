@@ -20,7 +20,12 @@ import numpy as np
 import pandas as pd
 from scipy.stats import binomtest
 
+from libero_eval import settings_schema
 from libero_eval.aggregate import METRICS
+
+# the config's defaults (the schema's), for callers that give no value
+REPORT = settings_schema.defaults("report")
+COMPARE = settings_schema.defaults("compare")
 
 PAIR_KEYS = ["suite", "task_id", "init_state_id"]
 
@@ -37,9 +42,9 @@ def mcnemar_exact(lost: int, gained: int) -> float:
 def paired_bootstrap_ci(
     baseline: np.ndarray | pd.Series,
     candidate: np.ndarray | pd.Series,
-    confidence: float = 0.95,
-    n_resamples: int = 10_000,
-    seed: int = 0,
+    confidence: float = REPORT["confidence_level"],
+    n_resamples: int = COMPARE["bootstrap_resamples"],
+    seed: int = COMPARE["seed"],
 ) -> tuple[float, float]:
     """Percentile bootstrap interval of mean(candidate) - mean(baseline) over paired outcomes.
 
@@ -186,10 +191,10 @@ def compare_runs(
     candidate: pd.DataFrame,
     baseline_name: str = "baseline",
     candidate_name: str = "candidate",
-    metric: str = "success_once",
-    confidence: float = 0.95,
-    n_resamples: int = 10_000,
-    seed: int = 0,
+    metric: str = COMPARE["metric"],
+    confidence: float = REPORT["confidence_level"],
+    n_resamples: int = COMPARE["bootstrap_resamples"],
+    seed: int = COMPARE["seed"],
 ) -> Comparison:
     """Pair episodes by (suite, task_id, init_state_id), and seed for runs with several
     (`pair_keys`), and compare `metric` per pair."""
@@ -289,7 +294,7 @@ def _p(value: float) -> str:
     return f"{value:.4f}" if value >= 1e-4 else f"{value:.1e}"
 
 
-def comparison_markdown(comparison: Comparison, decimals: int = 1) -> str:
+def comparison_markdown(comparison: Comparison, decimals: int = REPORT["decimals"]) -> str:
     """The comparison as Markdown: overall and suites, tasks, flipped and unmatched episodes."""
     c = comparison
     level = f"{round(c.confidence * 100)}%"

@@ -100,7 +100,7 @@ def check_family_fields(config: dict[str, Any]) -> list[str]:
     policy = config.get("policy") or {}
     if not isinstance(policy, dict):
         return []  # the schema reports it
-    family = policy.get("family", "cosmos3")
+    family = policy.get("family", settings_schema.default("policy", "family"))
     old_layout = [key for key in family_fields("cosmos3") if key in policy]
     if family == "pi05":
         if old_layout:
@@ -323,13 +323,13 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
         reference = server["reference"]
         if config["policy"]["family"] == "pi05":
             return {
-                "backend": "reference",
+                "backend": server["backend"],
                 "family": "pi05",
                 "policy": reference["policy"],
                 "stats": _sha256(reference_pi05_model(config)),
             }
         return {
-            "backend": "reference",
+            "backend": server["backend"],
             "policy": reference["policy"],
             "normalization": reference["normalization"],
             "stats": _sha256(reference["action_stats_path"]),

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import pandas as pd
 
+from libero_eval import settings_schema
 from libero_eval import suites as suite_catalog
 
 # Tasks per suite and init states per task in the five LIBERO suites; perturbation suites
@@ -91,7 +92,7 @@ def check_seeds(seeds: Sequence[int] | None) -> list[int] | None:
 
 def plan_episodes(
     suites: Sequence[str],
-    task_ids: str | Sequence[int] = "all",
+    task_ids: str | Sequence[int] = settings_schema.default("plan", "task_ids"),
     init_state_ids: Sequence[int] | None = None,
     num_trials_per_task: int = 1,
     seeds: Sequence[int] | None = None,

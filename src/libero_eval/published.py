@@ -29,6 +29,11 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from libero_eval import settings_schema
+
+# the config's defaults (the schema's), for callers that give no value
+REPORT = settings_schema.defaults("report")
+
 # pandas and scipy.stats are imported where a check runs, not with the module: the config
 # check (`check_published_config`) needs neither, and Snakemake imports it at parse time.
 if TYPE_CHECKING:
@@ -74,7 +79,7 @@ def published_test(
     return "fisher_exact", float(fisher_exact(table).pvalue)
 
 
-def verdict(p_value: float, alpha: float = 0.05) -> str:
+def verdict(p_value: float, alpha: float = REPORT["published_alpha"]) -> str:
     """ "consistent" when p >= alpha, else "differs (p = 0.012)" (p < 0.001 in scientific
     notation, so a tiny p never reads 0.000)."""
     if p_value >= alpha:
@@ -113,8 +118,8 @@ def _measured_row(table: pd.DataFrame, key: str) -> pd.Series | None:
 def published_checks(
     table: pd.DataFrame,
     published: Mapping[str, Mapping[str, Any]] | None,
-    metric: str = "success_once",
-    alpha: float = 0.05,
+    metric: str = REPORT["published_metric"],
+    alpha: float = REPORT["published_alpha"],
 ) -> pd.DataFrame:
     """One row per `published` entry (suites in order, `overall` last): measured successes,
     trials, rate and Wilson interval from the `success_tables` table, the published figure,
@@ -215,7 +220,10 @@ def _heading(checks: pd.DataFrame, confidence: float, alpha: float) -> tuple[str
 
 
 def published_markdown(
-    checks: pd.DataFrame, confidence: float = 0.95, decimals: int = 1, alpha: float = 0.05
+    checks: pd.DataFrame,
+    confidence: float = REPORT["confidence_level"],
+    decimals: int = REPORT["decimals"],
+    alpha: float = REPORT["published_alpha"],
 ) -> str:
     """The "Measured vs published" section of summary.md ("" when nothing is published)."""
     if not len(checks):
@@ -237,7 +245,10 @@ def published_markdown(
 
 
 def published_html(
-    checks: pd.DataFrame, confidence: float = 0.95, decimals: int = 1, alpha: float = 0.05
+    checks: pd.DataFrame,
+    confidence: float = REPORT["confidence_level"],
+    decimals: int = REPORT["decimals"],
+    alpha: float = REPORT["published_alpha"],
 ) -> str:
     """The same section as an HTML fragment ("" when nothing is published)."""
     if not len(checks):

@@ -20,9 +20,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from libero_eval import suites
+from libero_eval import settings_schema, suites
 from libero_eval.aggregate import METRICS, wilson_interval
 from libero_eval.compare import compare_runs
+
+# the config's defaults (the schema's), for callers that give no value
+REPORT = settings_schema.defaults("report")
+COMPARE = settings_schema.defaults("compare")
 
 COLUMNS = [
     "suite",
@@ -103,10 +107,10 @@ def _unpaired_row(
 
 def robustness(
     episodes: pd.DataFrame,
-    metric: str = "success_once",
-    confidence: float = 0.95,
-    n_resamples: int = 10_000,
-    seed: int = 0,
+    metric: str = COMPARE["metric"],
+    confidence: float = REPORT["confidence_level"],
+    n_resamples: int = COMPARE["bootstrap_resamples"],
+    seed: int = COMPARE["seed"],
 ) -> Robustness:
     """Compare every perturbation suite in `episodes` (one run's rows) with its clean suite."""
     if metric not in METRICS:
@@ -239,11 +243,11 @@ def robustness(
 # ----------------------------------------------------------------------------- outputs
 
 
-def _pct(value: float, decimals: int = 1) -> str:
+def _pct(value: float, decimals: int = REPORT["decimals"]) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{100 * value:.{decimals}f}%"
 
 
-def _points(value: float, decimals: int = 1) -> str:
+def _points(value: float, decimals: int = REPORT["decimals"]) -> str:
     return "n/a" if value is None or math.isnan(value) else f"{100 * value:+.{decimals}f}"
 
 

@@ -22,9 +22,11 @@ from typing import Literal
 import numpy as np
 from PIL import Image
 
-from libero_eval import package_data
+from libero_eval import package_data, settings_schema
 
 MODEL_ACTION_DIM = 10
+# policy.cosmos3's defaults (the schema's), for callers that give no value
+COSMOS3 = settings_schema.defaults("policy", "cosmos3")
 LIBERO_ACTION_DIM = 7
 NORMALIZATION_BLOCKS = {"quantile_rot": "global_raw", "quantile": "global"}
 ORTHONORMALIZATIONS = ("gram_schmidt", "svd")
@@ -251,10 +253,10 @@ def libero_gripper_to_unit(x: np.ndarray) -> np.ndarray:
 def model_chunk_to_libero(
     chunk: np.ndarray,
     stats: ActionStats,
-    raw_action_dim: int = MODEL_ACTION_DIM,
-    num_action_chunks: int = 16,
-    orthonormalization: Orthonormalization = "gram_schmidt",
-    gripper_mapping: GripperMapping = "binary",
+    raw_action_dim: int = COSMOS3["raw_action_dim"],
+    num_action_chunks: int = COSMOS3["num_action_chunks"],
+    orthonormalization: Orthonormalization = COSMOS3["orthonormalization"],
+    gripper_mapping: GripperMapping = COSMOS3["gripper_mapping"],
 ) -> np.ndarray:
     """One model output ``[H, D]`` (D >= raw_action_dim, may be padded) -> LIBERO actions
     ``float64[num_action_chunks, 7]``.

@@ -60,6 +60,7 @@ RESPONSE_FORMATS = ("envelope", "raw")
 FAMILIES = ("cosmos3", "pi05")
 # The config's `server.reference` defaults (the schema's): the server's own where it has them.
 CONFIG = settings_schema.defaults("server", "reference")
+FAMILY = settings_schema.default("policy", "family")
 
 
 def _setting(default: Any = MISSING, help: str = "", flag: str | None = None, **kw: Any) -> Any:
@@ -103,7 +104,9 @@ class ReferenceServerSettings:
     # None: reference-<policy>, as the serve job names it
     model_name: str | None = _setting(None, "reported model name (default reference-<policy>)")
     # or "pi05": SGLang's π0.5 API (reference/pi05.py)
-    family: str = _setting("cosmos3", "model family whose SGLang API to serve (default cosmos3)")
+    family: str = _setting(
+        FAMILY, f"model family whose SGLang API to serve (default {FAMILY}, policy.family's)"
+    )
     # π0.5: the model's own statistics
     norm_stats_path: Path | None = _setting(
         None, "π0.5: the model's statistics file", flag="--norm-stats"

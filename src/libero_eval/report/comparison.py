@@ -10,9 +10,13 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from libero_eval import settings_schema
 from libero_eval.compare import Comparison, comparison_markdown
 from libero_eval.report.figures import METRIC_LABELS, _level, _task_label, save_figure
 from libero_eval.report.tables import _html_table, html_page
+
+# the config's defaults (the schema's), for callers that give no value
+REPORT = settings_schema.defaults("report")
 
 
 def difference_figure(comparison: Comparison) -> Figure:
@@ -85,7 +89,7 @@ def difference_figure(comparison: Comparison) -> Figure:
     return figure
 
 
-def comparison_html(comparison: Comparison, decimals: int = 1) -> str:
+def comparison_html(comparison: Comparison, decimals: int = REPORT["decimals"]) -> str:
     """The comparison's tables as one HTML page (for the Snakemake report)."""
     c = comparison
     level = _level(c.confidence)

@@ -9,6 +9,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from libero_eval import settings_schema
+
+# the config's defaults (the schema's), for callers that give no value
+REPORT = settings_schema.defaults("report")
+
 METRIC_LABELS = {"success_once": "success once", "success_at_end": "success at end"}
 
 
@@ -59,7 +64,9 @@ def _bars_with_ci(axes, positions, table: pd.DataFrame, horizontal: bool, width:
         )
 
 
-def success_by_task_figure(table: pd.DataFrame, confidence: float = 0.95) -> Figure:
+def success_by_task_figure(
+    table: pd.DataFrame, confidence: float = REPORT["confidence_level"]
+) -> Figure:
     """Horizontal bars per task: success once / at end with Wilson intervals."""
     tasks = table[table["level"] == "task"].reset_index(drop=True)
     figure = Figure(figsize=(9, 1.6 + 0.42 * max(len(tasks), 1)), layout="constrained")
@@ -75,7 +82,9 @@ def success_by_task_figure(table: pd.DataFrame, confidence: float = 0.95) -> Fig
     return figure
 
 
-def success_by_suite_figure(table: pd.DataFrame, confidence: float = 0.95) -> Figure:
+def success_by_suite_figure(
+    table: pd.DataFrame, confidence: float = REPORT["confidence_level"]
+) -> Figure:
     """Bars per suite and overall: success once / at end with Wilson intervals."""
     rows = table[table["level"].isin(["suite", "overall"])].reset_index(drop=True)
     figure = Figure(figsize=(max(5.0, 1.4 * len(rows) + 2), 4.2), layout="constrained")

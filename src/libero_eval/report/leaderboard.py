@@ -12,9 +12,13 @@ from typing import Any
 
 import pandas as pd
 
+from libero_eval import settings_schema
 from libero_eval.aggregate import METRICS
 from libero_eval.leaderboard import build_leaderboard
 from libero_eval.report.tables import html_page
+
+# the config's defaults (the schema's), for callers that give no value
+REPORT = settings_schema.defaults("report")
 
 _SCRIPT = """
 document.querySelectorAll('table.board').forEach(function (table) {
@@ -56,7 +60,7 @@ def _suites(table: pd.DataFrame) -> list[str]:
     return [*names, "overall"]
 
 
-def _rate(row: pd.Series, name: str, metric: str, decimals: int = 1) -> str:
+def _rate(row: pd.Series, name: str, metric: str, decimals: int = REPORT["decimals"]) -> str:
     value = row.get(f"{name}:{metric}", math.nan)
     if pd.isna(value):
         return ""

@@ -9,11 +9,17 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from libero_eval import settings_schema
 from libero_eval.aggregate import METRICS, per_seed_table, seeds_markdown
 from libero_eval.report.figures import METRIC_LABELS, _level
 
+# the config's defaults (the schema's), for callers that give no value
+REPORT = settings_schema.defaults("report")
 
-def success_by_seed_figure(episodes: pd.DataFrame, confidence: float = 0.95) -> Figure:
+
+def success_by_seed_figure(
+    episodes: pd.DataFrame, confidence: float = REPORT["confidence_level"]
+) -> Figure:
     """Per suite and overall: each seed's success rate as a dot, the mean over seeds as a bar
     and ± one standard deviation as its whisker (one dot per suite for a single seed)."""
     per_seed = per_seed_table(episodes, confidence)
@@ -67,7 +73,10 @@ def success_by_seed_figure(episodes: pd.DataFrame, confidence: float = 0.95) -> 
 
 
 def seeds_html(
-    table: pd.DataFrame, episodes: pd.DataFrame, confidence: float = 0.95, decimals: int = 1
+    table: pd.DataFrame,
+    episodes: pd.DataFrame,
+    confidence: float = REPORT["confidence_level"],
+    decimals: int = REPORT["decimals"],
 ) -> str:
     """The seeds section of the success table ("" for a single-seed run): the same rows as
     summary.md's "Seeds" section."""

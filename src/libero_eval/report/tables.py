@@ -8,8 +8,12 @@ from typing import Any
 
 import pandas as pd
 
+from libero_eval import settings_schema
 from libero_eval.published import published_html
 from libero_eval.report.figures import _level
+
+# the config's defaults (the schema's), for callers that give no value
+REPORT = settings_schema.defaults("report")
 
 NO_ERROR = "task not completed (no error)"
 
@@ -47,10 +51,10 @@ def _ci_cell(value: float, low: float, high: float, decimals: int) -> str:
 
 def success_table_html(
     table: pd.DataFrame,
-    confidence: float = 0.95,
-    decimals: int = 1,
+    confidence: float = REPORT["confidence_level"],
+    decimals: int = REPORT["decimals"],
     published: pd.DataFrame | None = None,
-    alpha: float = 0.05,
+    alpha: float = REPORT["published_alpha"],
     seeds_section: str = "",
 ) -> str:
     """Suites, overall and every task with both metrics and their Wilson intervals; then the

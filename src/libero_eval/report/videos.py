@@ -8,10 +8,16 @@ from pathlib import Path
 
 import pandas as pd
 
+from libero_eval import settings_schema
 from libero_eval.report.tables import html_page
 
+# the config's defaults (the schema's), for callers that give no value
+REPORT = settings_schema.defaults("report")
 
-def select_videos(episodes: pd.DataFrame, per_task: int = 1) -> pd.DataFrame:
+
+def select_videos(
+    episodes: pd.DataFrame, per_task: int = REPORT["videos_per_task"]
+) -> pd.DataFrame:
     """The first `per_task` successes and failures (by init state) of each task with a video."""
     if "video_path" not in episodes.columns or per_task < 1:
         return episodes.iloc[0:0]
