@@ -40,12 +40,8 @@ SETTLE_ACTION = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0])
 
 @dataclass
 class EnvSettings:
-    """How envs are built and rendered (the `rollout` config section's env part).
-
-    A projection of the schema's `rollout` section: its fields of that name have no default
-    here, the config (filled by the schema) gives them; `settings_schema.build(EnvSettings,
-    "rollout", ...)` builds one at the schema's defaults. tests/test_settings_defined_once.py
-    checks the fields against the schema."""
+    """How envs are built and rendered: the `rollout` section's env part, whose fields take no
+    default here (the config, filled by the schema, gives them; `settings_schema.build`)."""
 
     camera_size: int
     render_mode: str  # "on_demand" or "every_step" (what every peer does)
@@ -53,14 +49,9 @@ class EnvSettings:
     reset_seeding: str  # "episode" or "reference" (libero_eval.rollout.protocols)
     reset_mode: str  # "fast" or "hard" (LIBERO's own; libero_eval.rollout.fast_reset)
     mujoco_gl: str
-    # rollout.videos.frame_stride while rollout.videos.enabled, else 0: >0 also renders every
-    # Nth step for an episode video
-    video_stride: int = 0
-    # the worker's os.nice increment: rollout.env_niceness in a rollout job; 0 (not lowered)
-    # for an env built without a config (tests, benchmarks)
-    niceness: int = 0
-    # rollout.render_device resolved for this shard (libero_eval.rollout.render_device): the
-    # variables that make robosuite render on the planned device; checked at env start.
+    video_stride: int = 0  # rollout.videos.frame_stride, 0 with videos off: >0 renders every Nth
+    niceness: int = 0  # os.nice increment: rollout.env_niceness in a job, 0 without a config
+    # rollout.render_device resolved for this shard (rollout.render_device), checked at start
     render_env: dict[str, str] = field(default_factory=dict)
 
 

@@ -103,7 +103,7 @@ def _default(cls: Any, name: str) -> Any:
     if name in settings_schema.fields(*cls.SECTION):
         return settings_schema.default(*cls.SECTION, name)
     spec = next(f for f in fields(cls) if f.name == name)
-    return spec.default_factory() if spec.default is MISSING else spec.default  # type: ignore[misc]
+    return spec.default_factory() if spec.default is MISSING else spec.default
 
 
 def _require(data: Mapping[str, Any], key: str, where: str) -> None:
