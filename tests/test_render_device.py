@@ -224,12 +224,15 @@ def test_env_workers_run_at_the_configured_niceness():
 
     from libero_eval.rollout.env_worker import EnvSettings, EnvWorker
     from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.settings_schema import build
 
     protocol = get_protocol("openpi", max_steps_override=1)
     mine = os.getpriority(os.PRIO_PROCESS, 0)
     seen = {}
     for niceness in (0, 7):
-        worker = EnvWorker(0, EnvSettings(camera_size=32, niceness=niceness), protocol)
+        worker = EnvWorker(
+            0, build(EnvSettings, "rollout", camera_size=32, niceness=niceness), protocol
+        )
         try:
             worker.send("chunk", None)  # no episode started: an error reply, from the loop
             status, _ = worker.receive()
