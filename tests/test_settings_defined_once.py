@@ -45,9 +45,8 @@ ALIASES = {
     "alpha": "report.published_alpha",
     "n_resamples": "compare.bootstrap_resamples",
     "per_task": "report.videos_per_task",
-    "timeout_s": "policy.http_timeout_s",
-    "max_retries": "policy.http_max_retries",
-    "retry_backoff_s": "policy.http_retry_backoff_s",
+    "timeout_s": "rollout.failures.request_timeout_s",
+    "max_retries": "rollout.failures.request_retries",
 }
 
 
@@ -259,27 +258,13 @@ def test_every_slots_server_settings_cross_to_the_serve_job_unchanged(name, monk
 
 # Defaults written in Python that equal a config field's schema default and must stay, each
 # with its reason: "<module>:<scope>.<name>" (the scope is the enclosing classes and functions).
-_FAILURES = "a retry/timeout knob of the connections: the failures section takes it (issue 26)"
 _SGLANG_API = (
     "SGLang 0.5.23's own default for a request or metadata field, which the reference server "
     "reproduces (the client always sends the config's value)"
 )
 _LOOPBACK = "loopback where the caller names no host (tests, benchmarks); the serve job passes it"
 JUSTIFIED: dict[str, str] = {
-    **dict.fromkeys(
-        [
-            f"{module}:{scope}.{name}"
-            for module, scope in (
-                ("policy/client.py", "HttpConnection.__init__"),
-                ("policy/ws_client.py", "WebsocketConnection.__init__"),
-                ("policy/connection.py", "connect"),
-                ("rollout/runner.py", "ClientSettings"),
-            )
-            for name in ("timeout_s", "max_retries", "retry_backoff_s")
-        ],
-        _FAILURES,
-    ),
-    "policy/client.py:HttpConnection.__init__.wire_format": (
+    "policy/http_connection.py:HttpConnection.__init__.wire_format": (
         "the HTTP wire format, msgpack unless a family's endpoint says json; the same word as "
         "policy.pi05.wire_format's default, not that field"
     ),
@@ -457,7 +442,8 @@ def test_the_default_scan_catches_every_way_of_writing_a_default():
         "S.extra_args": "class S:\n    extra_args: list = field(default_factory=list)\n",
         "summary.decimals": "def summary(table, *, decimals=1):\n    pass\n",
         "ci.confidence": "def ci(x, confidence=0.95):\n    pass\n",
-        "connect.timeout_s": "def connect(url, timeout_s=600.0, retries=5):\n    pass\n",
+        "connect.timeout_s": "def connect(url, timeout_s=600.0, max_retries=5):\n    pass\n",
+        "connect.max_retries": "def connect(url, timeout_s=600.0, max_retries=5):\n    pass\n",
         "f.batch_timeout_s": "def f(rollout):\n    return rollout.get('batch_timeout_s', 1.0)\n",
         "f.pipeline_class_name": (
             "PIPE = 'Cosmos3OmniDiffusersPipeline'\n"
@@ -483,6 +469,7 @@ def test_the_default_scan_catches_every_way_of_writing_a_default():
 def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str, str]]]:
     """(dataclass, the schema section it projects, its fields from other sections as dotted
     schema fields, its fields that are no config field with why)."""
+    from libero_eval.failures import FailurePolicy
     from libero_eval.rollout.env_worker import EnvSettings
     from libero_eval.rollout.runner import ShardSettings
     from libero_eval.serve.settings import OpenpiServerSettings, SglangServerSettings
@@ -506,9 +493,6 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
             {
                 **dict.fromkeys(("run_id", "shard", "slot", "env", "adapter"), job),
                 "endpoint": "the family's endpoint (policy.connection)",
-                "client": "policy.http_* (ClientSettings; the failures section takes them)",
-                "max_episode_attempts": "a hard-coded failure knob (the failures section)",
-                "max_consecutive_bad_responses": "a hard-coded failure knob (ditto)",
                 "event_log": "a path of the job (its log)",
                 "video_dir": "a path of the job (its videos)",
             },
@@ -534,6 +518,7 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
             },
         ),
         (OpenpiServerSettings, ("server", "openpi"), {}, {}),
+        (FailurePolicy, ("rollout", "failures"), {}, {}),
     ]
 
 
