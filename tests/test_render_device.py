@@ -231,7 +231,7 @@ def test_env_workers_run_at_the_configured_niceness():
     seen = {}
     for niceness in (0, 7):
         worker = EnvWorker(
-            0, build(EnvSettings, "rollout", camera_size=32, niceness=niceness), protocol
+            0, build(EnvSettings, "rollout", camera_size=32, env_niceness=niceness), protocol
         )
         try:
             worker.send("chunk", None)  # no episode started: an error reply, from the loop

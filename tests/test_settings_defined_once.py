@@ -483,7 +483,6 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
             {
                 "video_stride": "rollout.videos.frame_stride, or 0 while videos are off",
                 "render_env": "rollout.render_device resolved for the shard's slot",
-                "niceness": "rollout.env_niceness in a rollout job; 0 (not lowered) without one",
             },
         ),
         (

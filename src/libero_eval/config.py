@@ -563,7 +563,7 @@ class RunSettings:
                 reset_mode=rollout["reset_mode"],
                 video_stride=videos["frame_stride"] if videos["enabled"] else 0,
                 mujoco_gl=rollout["mujoco_gl"],
-                niceness=rollout["env_niceness"],
+                env_niceness=rollout["env_niceness"],
                 render_env=dict(render.env) if render else {},
             ),
             adapter=self.adapter,

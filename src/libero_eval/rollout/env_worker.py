@@ -49,8 +49,8 @@ class EnvSettings:
     reset_seeding: str  # "episode" or "reference" (libero_eval.rollout.protocols)
     reset_mode: str  # "fast" or "hard" (LIBERO's own; libero_eval.rollout.fast_reset)
     mujoco_gl: str
+    env_niceness: int  # the worker's os.nice increment
     video_stride: int = 0  # rollout.videos.frame_stride, 0 with videos off: >0 renders every Nth
-    niceness: int = 0  # os.nice increment: rollout.env_niceness in a job, 0 without a config
     # rollout.render_device resolved for this shard (rollout.render_device), checked at start
     render_env: dict[str, str] = field(default_factory=dict)
 
@@ -469,8 +469,8 @@ def _worker_main(
     name: str = "libero-env",
 ) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    if settings.niceness:  # the server sharing the node's cores runs first
-        os.nice(settings.niceness)
+    if settings.env_niceness:  # the server sharing the node's cores runs first
+        os.nice(settings.env_niceness)
     _exit_with_parent(name)
     env = LiberoEpisodeEnv(settings, protocol)
     while True:
