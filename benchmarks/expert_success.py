@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from libero.libero import benchmark
 
-    from libero_eval.policy.actions import (
+    from libero_eval.policy.families.cosmos3.actions import (
         libero_to_model_chunk,
         load_action_stats,
         model_chunk_to_libero,

@@ -21,7 +21,7 @@ from scipy.spatial.transform import Rotation
 
 from libero_eval import package_data
 from libero_eval.policy import codec
-from libero_eval.policy.adapters import Observation, make_adapter
+from libero_eval.policy.families import Observation, make_adapter
 from libero_eval.policy.http_connection import HttpConnection
 
 STATS = package_data.path("stats/pi05_libero_norm_stats.json")

@@ -32,7 +32,7 @@ import numpy as np
 import psutil
 import yaml
 
-from libero_eval.policy.adapters import Observation, make_adapter
+from libero_eval.policy.families import Observation, make_adapter
 from libero_eval.policy.http_connection import HttpConnection
 from libero_eval.serve.launcher import ManagedServer
 from libero_eval.serve.settings import ServerSettings
@@ -162,7 +162,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if family == "cosmos3":
         cosmos3 = policy["cosmos3"]
         policy = {**cosmos3, "action_stats_path": str(REPO_ROOT / cosmos3["action_stats_path"])}
-    else:  # the served checkpoint decides the request layout (libero_eval.policy.pi05_checkpoint)
+    else:  # the served checkpoint decides the request layout (policy.families.pi05.checkpoint)
         policy["pi05"] = dict(policy["pi05"], checkpoint=str(args.model_path))
     adapter = make_adapter(family, policy)
     settings = server_settings(config, args)

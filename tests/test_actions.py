@@ -1,4 +1,4 @@
-"""Cosmos3 LIBERO action and observation math (libero_eval.policy.actions)."""
+"""Cosmos3 LIBERO action and observation math (libero_eval.policy.families.cosmos3.actions)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 from scipy.spatial.transform import Rotation
 
-from libero_eval.policy import actions as am
+from libero_eval.policy.families.cosmos3 import actions as am
 
 STATS_PATH = (
     Path(__file__).resolve().parents[1]

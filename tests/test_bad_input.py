@@ -96,7 +96,7 @@ def test_malformed_config_file_is_reported_as_such(workdir):
 def test_wrong_type_config_field_is_named_with_the_expected_type(workdir):
     error = snakemake_error(workdir, "run_id: bad_input\nrollout: {max_steps: ten}\n")
     assert "'ten' is not of type 'integer', 'null'" in error
-    assert "On instance['rollout']['max_steps']" in error
+    assert "rollout.max_steps: 'ten' is not of type" in error  # the field named
     assert "Override the protocol's step limit" in error  # the field's description
 
 

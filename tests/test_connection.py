@@ -3,17 +3,19 @@ API; the env worker's messages (no LIBERO, no server)."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 from test_pi05_adapter import STATS, observation
 
-from libero_eval.policy.adapters import make_adapter
-from libero_eval.policy.adapters.pi05 import (
+from libero_eval.policy.connection import ConnectionSpec, connect, policy_connection_spec
+from libero_eval.policy.families import make_adapter
+from libero_eval.policy.families.pi05.adapter import (
     Pi05Adapter,
     Pi05OpenpiServerAdapter,
     Pi05SglangHttpAdapter,
     Pi05SglangWebsocketAdapter,
 )
-from libero_eval.policy.connection import ConnectionSpec, connect, policy_connection_spec
 from libero_eval.policy.http_connection import HttpConnection
 from libero_eval.policy.ws_connection import WebsocketConnection
 from libero_eval.rollout.env_worker import Command, Reply, Status
@@ -101,29 +103,88 @@ def test_worker_messages_are_typed_and_keep_their_wire_names():
     assert status is Status.ERROR and result == "boom"
 
 
-def test_a_family_module_with_an_adapter_entry_is_registered_without_editing_the_package(
-    tmp_path, monkeypatch
-):
-    """docs/design.md "Adding a policy family": the adapter module is found by its ADAPTER."""
-    from libero_eval.policy import adapters
+TOY_FAMILY = """
+from libero_eval.policy.adapter import PolicyAdapter
+from libero_eval.policy.endpoint import ConnectionSpec
+from libero_eval.policy.families import Family
 
-    (tmp_path / "toyfam.py").write_text(
-        "from libero_eval.policy.adapters.base import PolicyAdapter\n"
-        "class ToyAdapter(PolicyAdapter):\n"
-        "    family = 'toyfam'\n"
-        "    @classmethod\n"
-        "    def check_run_config(cls, config): pass\n"
-        "    def __init__(self, settings): self.settings = settings\n"
-        "    def prompt_key(self, obs): return ''\n"
-        "    def build_request(self, observations, request_id): return {}\n"
-        "    def parse_response(self, response, batch_size): return None\n"
-        "    def outcome_settings(self): return {}\n"
-        "ADAPTER = ToyAdapter\n"
-    )
-    monkeypatch.setattr(adapters, "__path__", [*adapters.__path__, str(tmp_path)])
-    found = adapters._discover()
-    assert set(found) == {"cosmos3", "pi05", "toyfam"}
-    assert found["toyfam"].__name__ == "ToyAdapter"
-    # served by SGLang's HTTP action API unless connection.py says otherwise
+class ToyAdapter(PolicyAdapter):
+    family = "toyfam"
+    @classmethod
+    def check_run_config(cls, config): pass
+    def __init__(self, settings): self.settings = settings
+    def prompt_key(self, obs): return ""
+    def build_request(self, observations, request_id): return {}
+    def parse_response(self, response, batch_size): return None
+    def outcome_settings(self): return {}
+
+FAMILY = Family(
+    name="toyfam",
+    title="Toy",
+    adapter=ToyAdapter,
+    endpoint=lambda url, settings: ConnectionSpec(
+        url, path="/act", health_path="/ready", metadata_path=None
+    ),
+    backends=("sglang",),
+    schema={
+        "type": "object",
+        "default": {},
+        "properties": {"gain": {"type": "number", "default": 1.0}},
+    },
+)
+"""
+
+
+@pytest.fixture
+def own_registry():
+    """The family registry and the schema as they were, after a test that registers one."""
+    from libero_eval import settings_schema
+    from libero_eval.policy import families
+
+    families.names()
+    registry = dict(families._REGISTRY)
+    schema = copy.deepcopy(settings_schema.schema())
+    yield families
+    families._REGISTRY.clear()
+    families._REGISTRY.update(registry)
+    settings_schema.schema().clear()
+    settings_schema.schema().update(schema)
+    settings_schema._shared_validator.cache_clear()
+    settings_schema._validator.cache_clear()
+
+
+def test_a_family_package_of_ones_own_is_registered_from_policy_family_modules(
+    tmp_path, monkeypatch, own_registry
+):
+    """docs/design.md "Adding a policy family": a module listed in policy.family_modules is
+    registered by its FAMILY, with its schema section and its own endpoint."""
+    from libero_eval import settings_schema
+
+    (tmp_path / "toyfam.py").write_text(TOY_FAMILY)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    own_registry.load_config_modules({"policy": {"family_modules": ["toyfam"]}})
+    assert set(own_registry.names()) == {"cosmos3", "pi05", "toyfam"}
+    assert own_registry.get("toyfam").adapter.__name__ == "ToyAdapter"
+    assert "toyfam" in settings_schema.section("policy", "family")["enum"]
+    config = {"policy": {"family": "toyfam", "family_modules": ["toyfam"]}}
+    settings_schema.validate(config)
+    assert config["policy"]["toyfam"] == {"gain": 1.0}
     spec = policy_connection_spec(URL, "toyfam", {})
-    assert (spec.channel, spec.wire_format, spec.health_path) == ("http", "msgpack", "/health")
+    assert (spec.request_path, spec.health_path, spec.metadata_path) == ("/act", "/ready", None)
+    with pytest.raises(ValueError, match=r"policy.toyfam.gain: 'x' is not of type 'number'"):
+        settings_schema.validate({"policy": {"family": "toyfam", "toyfam": {"gain": "x"}}})
+
+
+def test_a_family_module_that_cannot_be_imported_or_declares_no_family_is_named(
+    tmp_path, monkeypatch, own_registry
+):
+    (tmp_path / "notafamily.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"policy.family_modules: cannot import 'no_such_mod'"):
+        own_registry.load_modules(["no_such_mod"])
+    with pytest.raises(ValueError, match=r"'notafamily' defines no FAMILY"):
+        own_registry.load_modules(["notafamily"])
+    with pytest.raises(ValueError, match=r"policy.family_modules: expected a list"):
+        own_registry.load_modules("toyfam")
+    with pytest.raises(ValueError, match=r"unknown policy.family 'nope'.*policy.family_modules"):
+        own_registry.get("nope")

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from libero_eval.policy import actions as am
+import libero_eval.policy.families.cosmos3.actions as am
 from libero_eval.policy import codec
-from libero_eval.policy.adapters import ADAPTERS, Observation, make_adapter
-from libero_eval.policy.adapters.cosmos3 import Cosmos3Adapter
 from libero_eval.policy.connection import policy_connection_spec
+from libero_eval.policy.families import ADAPTERS, Observation, make_adapter
+from libero_eval.policy.families.cosmos3.adapter import Cosmos3Adapter
 from libero_eval.policy.http_connection import PolicyResponseError
 
 STATS_PATH = (

@@ -164,7 +164,7 @@ def test_settings_ignore_the_section_of_the_other_backend():
     [
         (
             {"backend": "vllm", "slot": 0},
-            r"server\.backend: 'vllm' is not one of \['reference', 'sglang', 'openpi'\]",
+            r"server\.backend: 'vllm' is not one of \['reference', 'sglang', 'openpi', 'family'\]",
         ),
         ({"backend": "sglang", "sglang": {"model_path": "/m"}}, r"server\.slot: required"),
         ({"backend": "sglang", "slot": 0, "sglang": {}}, r"server\.sglang\.model_path: required"),

@@ -10,10 +10,10 @@ import pytest
 from PIL import Image
 from scipy.spatial.transform import Rotation
 
-from libero_eval.policy import openpi_transforms as T
-from libero_eval.policy.adapters import Observation, make_adapter
-from libero_eval.policy.adapters.pi05 import Pi05Adapter
+import libero_eval.policy.families.pi05.openpi_transforms as T
 from libero_eval.policy.connection import policy_connection_spec
+from libero_eval.policy.families import Observation, make_adapter
+from libero_eval.policy.families.pi05.adapter import Pi05Adapter
 from libero_eval.policy.http_connection import PolicyResponseError
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -197,7 +197,7 @@ def test_websocket_requests_are_sglang_flat_maps_or_openpis_raw_observation():
     obs = observation()
     sglang = adapter(api="sglang_websocket")
     endpoint = policy_connection_spec("http://h:1", "pi05", {"pi05": {"api": "sglang_websocket"}})
-    assert (endpoint.protocol, endpoint.path, endpoint.health_path) == (
+    assert (endpoint.channel, endpoint.path, endpoint.health_path) == (
         "websocket",
         "/openpi/policy",
         "/health",

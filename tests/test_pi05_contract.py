@@ -12,9 +12,9 @@ import requests
 import yaml
 from test_pi05_adapter import REPO_ROOT, STATS, adapter, observation
 
+import libero_eval.policy.families.pi05.openpi_transforms as T
 from libero_eval.policy import codec
-from libero_eval.policy import openpi_transforms as T
-from libero_eval.policy.adapters import make_adapter
+from libero_eval.policy.families import make_adapter
 from libero_eval.policy.http_connection import (
     HttpConnection,
     PolicyRequestRejected,

@@ -19,9 +19,9 @@ from sglang_side import SglangValueError
 from test_pi05_adapter import observation
 from test_pi05_contract import encoded
 
-from libero_eval.policy.adapters import make_adapter
-from libero_eval.policy.pi05_checkpoint import CheckpointError, read_checkpoint
-from libero_eval.reference import pi05 as reference
+import libero_eval.policy.families.pi05.reference as reference
+from libero_eval.policy.families import make_adapter
+from libero_eval.policy.families.pi05.checkpoint import CheckpointError, read_checkpoint
 
 
 def lineage_adapter(checkpoint, **settings):

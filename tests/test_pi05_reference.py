@@ -13,8 +13,8 @@ import pytest
 import yaml
 from test_pi05_adapter import STATS, adapter, observation
 
-from libero_eval.policy.adapters import make_adapter
 from libero_eval.policy.connection import connect, policy_connection_spec
+from libero_eval.policy.families import make_adapter
 from libero_eval.policy.http_connection import (
     HttpConnection,
     PolicyRequestRejected,

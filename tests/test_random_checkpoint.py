@@ -18,7 +18,7 @@ sys.path.insert(0, str(REPO_ROOT / "tools"))
 
 from random_checkpoint import specs  # noqa: E402
 
-from libero_eval.policy import openpi_transforms as T  # noqa: E402
+from libero_eval.policy.families.pi05 import openpi_transforms as T  # noqa: E402
 
 STATS = REPO_ROOT / "src" / "libero_eval" / "data" / "stats" / "pi05_libero_norm_stats.json"
 

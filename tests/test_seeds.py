@@ -14,8 +14,8 @@ from conftest import make_record
 from libero_eval.aggregate import write_summary
 from libero_eval.config import ConfigError, RunSettings, check_config, planned_episodes
 from libero_eval.plan import Episode, make_shards, plan_episodes, plan_table, read_shard
-from libero_eval.policy.adapters.base import Observation
-from libero_eval.policy.adapters.cosmos3 import Cosmos3Adapter
+from libero_eval.policy.adapter import Observation
+from libero_eval.policy.families.cosmos3.adapter import Cosmos3Adapter
 from libero_eval.store import EpisodeStore, write_results
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from scipy.spatial.transform import Rotation
 
-from libero_eval.policy.actions import (
+from libero_eval.policy.families.cosmos3.actions import (
     libero_to_model_chunk,
     load_action_stats,
     model_chunk_to_libero,

@@ -206,7 +206,8 @@ def test_every_reference_setting_reaches_the_server_unchanged():
 
 
 def test_the_adapters_take_their_fields_and_defaults_from_the_schema():
-    from libero_eval.policy.adapters import cosmos3, pi05
+    from libero_eval.policy.families.cosmos3 import adapter as cosmos3
+    from libero_eval.policy.families.pi05 import adapter as pi05
 
     assert settings_schema.defaults("policy", "pi05") == pi05.DEFAULTS
     assert settings_schema.fields("policy", "cosmos3") == cosmos3.POLICY_FIELDS
@@ -215,8 +216,9 @@ def test_the_adapters_take_their_fields_and_defaults_from_the_schema():
 def test_the_schemas_allowed_values_are_the_ones_the_code_implements():
     """The adapters take each field's allowed values from the schema's enum; the action math
     they dispatch to must implement exactly those."""
-    from libero_eval.policy import actions
-    from libero_eval.policy.adapters import cosmos3, pi05
+    from libero_eval.policy.families.cosmos3 import actions
+    from libero_eval.policy.families.cosmos3 import adapter as cosmos3
+    from libero_eval.policy.families.pi05 import adapter as pi05
 
     assert settings_schema.choices("policy", "cosmos3") == cosmos3.CHOICES
     assert settings_schema.choices("policy", "pi05") == pi05.CHOICES

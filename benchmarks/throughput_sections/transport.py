@@ -34,11 +34,14 @@ def _transport_costs(
 ) -> dict[str, Any]:
     """Client-side ms (whole batch) of one request/response round in `transport`."""
     from libero_eval.policy import codec
-    from libero_eval.policy.actions import preprocess_observation_image
-    from libero_eval.policy.adapters import make_adapter
+    from libero_eval.policy.families import make_adapter
+    from libero_eval.policy.families.cosmos3.actions import preprocess_observation_image
+    from libero_eval.policy.families.cosmos3.reference_requests import (
+        decode_body,
+        parse_generation_request,
+    )
+    from libero_eval.policy.families.cosmos3.reference_responses import generation_envelope
     from libero_eval.policy.http_connection import HttpConnection
-    from libero_eval.reference.requests import decode_body, parse_generation_request
-    from libero_eval.reference.responses import generation_envelope
     from libero_eval.reference.settings import ReferenceServerSettings
 
     adapter = make_adapter("cosmos3", {**policy, "transport": transport})

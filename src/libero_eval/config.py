@@ -11,7 +11,6 @@ rollout fingerprint. `docs/design.md` walks two fields from the config to their 
 
 from __future__ import annotations
 
-import hashlib
 import os
 import warnings
 from functools import cached_property
@@ -23,9 +22,10 @@ from libero_eval import suites as suite_catalog
 from libero_eval.failures import FailurePolicy
 from libero_eval.faults import active_faults
 from libero_eval.plan import Episode, Shard, check_seeds, make_shards, plan_episodes, read_shard
-from libero_eval.policy.adapters import ADAPTERS, PolicyAdapter, make_adapter
+from libero_eval.policy import families
 from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.policy.connection import policy_connection_spec
+from libero_eval.policy.families import Family, PolicyAdapter, make_adapter
 from libero_eval.published import check_published_config
 from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
@@ -44,14 +44,13 @@ class ConfigDeprecationWarning(FutureWarning):
     """A config key of an older layout, still read; the message names the old and new key."""
 
 
-# Each family's own settings section, ``policy.<family>`` (src/libero_eval/data/schema.yaml).
-FAMILIES = tuple(settings_schema.section("policy", "family")["enum"])
 # Backends whose server is a GPU process run by a command of its own (not the reference).
 GPU_BACKENDS = ("sglang", "openpi")
 
 
 def family_fields(family: str) -> tuple[str, ...]:
     """The fields of ``policy.<family>``, as the schema lists them."""
+    families.names()  # the registered families' sections are in the schema
     return settings_schema.fields("policy", family)
 
 
@@ -86,72 +85,79 @@ def move_failure_fields(config: dict[str, Any]) -> list[str]:
 
 
 def check_family_fields(config: dict[str, Any]) -> list[str]:
-    """Upgrade an older layout (``move_failure_fields`` too) and reject settings of the other
-    model family; call BEFORE schema validation fills defaults (the schema gives every field a
-    default, so this runs on the config as written).
+    """Register the config's own families (``policy.family_modules``), upgrade an older layout
+    (``move_failure_fields`` too) and reject settings of another model family; call BEFORE
+    schema validation fills defaults (the schema gives every field a default, so this runs on
+    the config as written).
 
-    Each family's settings are under ``policy.<family>``. Cosmos3 fields written directly under
-    ``policy`` (the layout before issue 21) are moved to ``policy.cosmos3`` with a
-    :class:`ConfigDeprecationWarning` naming the old and the new key; where both are set, the
-    old key (e.g. from an overlay written for the old layout) wins. Returns the warnings'
-    messages (the workflow prints them).
+    Each family's settings are under ``policy.<family>``. A family whose settings once sat
+    elsewhere moves them there (``Family.upgrade``) with a :class:`ConfigDeprecationWarning`
+    naming the old and the new key. Returns the warnings' messages (the workflow prints them).
     """
+    try:
+        families.load_config_modules(config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     deprecations = move_failure_fields(config)
     policy = config.get("policy") or {}
     if not isinstance(policy, dict):
         return []  # the schema reports it
     family = policy.get("family", settings_schema.default("policy", "family"))
-    old_layout = [key for key in family_fields("cosmos3") if key in policy]
-    if family == "pi05":
-        if old_layout:
-            raise ConfigError(
-                f"{', '.join('policy.' + key for key in old_layout)}: Cosmos3 setting(s), but "
-                "policy.family is pi05. Remove them; π0.5 settings go under policy.pi05 (see "
-                "config/libero_pi05_sglang.yaml). Are two configs of different families "
-                "stacked with --configfile?"
-            )
-    elif old_layout:
-        section = policy.get("cosmos3")
-        if section is not None and not isinstance(section, dict):
-            return []  # the schema reports it
-        section = dict(section or {})
-        for key in old_layout:
-            section[key] = policy.pop(key)
-        policy["cosmos3"] = section
-        deprecations.append(
-            f"{', '.join('policy.' + key for key in old_layout)}: deprecated layout, read as "
-            f"{', '.join('policy.cosmos3.' + key for key in old_layout)}. Cosmos3 settings "
-            "now live under policy.cosmos3 (like π0.5's under policy.pi05): move them there "
-            "(an old key overrides its policy.cosmos3 twin)"
-        )
-    foreign = [section for section in FAMILIES if section != family and section in policy]
+    for name in families.names():
+        upgrade = families.get(name).upgrade
+        try:
+            deprecations += upgrade(policy) if upgrade is not None else []
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+    foreign = [name for name in families.names() if name != family and name in policy]
     if foreign:
-        if family == "pi05":
-            raise ConfigError(
-                "policy.cosmos3: Cosmos3 settings, but policy.family is pi05. Remove them; π0.5 "
-                "settings go under policy.pi05 (see config/libero_pi05_sglang.yaml). Are two "
-                "configs of different families stacked with --configfile?"
-            )
-        other = foreign[0]
-        named = "π0.5" if other == "pi05" else other
+        other = families.get(foreign[0])
+        mine = families.get(family) if family in families.names() else None
+        where = f" (see {mine.example_config})" if mine and mine.example_config else ""
         raise ConfigError(
-            f"policy.{other}: {named} settings, but policy.family is {family}. Set "
-            f"policy.family: {other} (and drop policy.{family}), or remove policy.{other}"
+            f"policy.{other.name}: {other.title} settings, but policy.family is {family}. "
+            f"Remove them, or set policy.family: {other.name} (and drop policy.{family}); "
+            f"{family}'s settings go under policy.{family}{where}. Are two configs of "
+            "different families stacked with --configfile?"
         )
     for message in deprecations:
         warnings.warn(message, ConfigDeprecationWarning, stacklevel=2)
     return deprecations
 
 
+def validate_config(config: dict[str, Any]) -> None:
+    """The config checked against the schema (every registered family's section included)
+    with its defaults filled in, in place; after :func:`check_family_fields`."""
+    try:
+        settings_schema.validate(config)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def run_family(config: dict[str, Any]) -> Family:
+    """The config's policy family (``policy.family``), its package registered."""
+    try:
+        families.load_config_modules(config)
+        return families.get(config["policy"]["family"])
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def check_config(config: dict[str, Any]) -> RunSettings:
     """Cross-field and filesystem checks (after JSON-schema validation with defaults); returns
     the run's settings, whose adapter has loaded the statistics file while checking it."""
     settings = RunSettings(config)
-    policy, rollout, server = config["policy"], config["rollout"], config["server"]
-    if server["backend"] == "openpi" and policy["family"] != "pi05":
+    rollout, server = config["rollout"], config["server"]
+    family = run_family(config)
+    if server["backend"] not in family.backends:
+        served = [
+            name for name in families.names() if server["backend"] in families.get(name).backends
+        ]
         raise ConfigError(
-            f"server.backend openpi serves π0.5 (openpi's serve_policy.py); policy.family is "
-            f"{policy['family']}: set policy.family: pi05"
+            f"server.backend {server['backend']} does not serve policy.family {family.name} "
+            f"({family.title}), which is served by {', '.join(family.backends)}: set "
+            f"server.backend to one of them"
+            + (f", or policy.family to {' or '.join(served)}" if served else "")
         )
     try:
         planned_episodes(config)
@@ -167,7 +173,7 @@ def check_config(config: dict[str, Any]) -> RunSettings:
             "(docs/protocols.md); use reset_seeding: episode"
         )
     try:  # the family's own whole-config check, then its adapter (statistics loaded)
-        ADAPTERS[policy["family"]].check_run_config(config)
+        family.adapter.check_run_config(config)
         settings.adapter  # noqa: B018
     except ConfigError:
         raise
@@ -206,42 +212,13 @@ def check_config(config: dict[str, Any]) -> RunSettings:
     return settings
 
 
-def pi05_checkpoint(config: dict[str, Any]) -> str | None:
-    """The π0.5 checkpoint that decides the request layout: ``policy.pi05.checkpoint``, else
-    the SGLang server's model (``server.sglang.model_path``), also when the self-test swaps in
-    the reference server; None for openpi's own server, or when neither is set."""
-    policy = config["policy"]
-    pi05 = policy.get("pi05") or {}
-    if policy.get("family") != "pi05" or pi05.get("api") == "openpi_websocket":
-        return None
-    if pi05.get("checkpoint") is not None:
-        return pi05["checkpoint"]
-    server = config.get("server") or {}
-    if server.get("backend") not in ("sglang", "reference"):
-        return None
-    return (server.get("sglang") or {}).get("model_path")
-
-
 def family_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """``policy.<family>``, the settings the family's adapter takes, with
-    ``policy.pi05.checkpoint`` resolved (:func:`pi05_checkpoint`)."""
-    policy = config["policy"]
-    family = policy["family"]
-    settings = dict(policy[family])
-    if family == "pi05":
-        checkpoint = pi05_checkpoint(config)
-        if checkpoint is not None:
-            settings["checkpoint"] = checkpoint
-    return settings
-
-
-def reference_pi05_model(config: dict[str, Any]) -> str:
-    """What the reference server loads as its π0.5 model: the checkpoint directory (its layout
-    and its own statistics) where there is one, else ``server.reference.norm_stats_path``."""
-    checkpoint = pi05_checkpoint(config)
-    if checkpoint is not None and (Path(checkpoint) / "config.json").is_file():
-        return str(checkpoint)
-    return str(package_data.resolve(config["server"]["reference"]["norm_stats_path"]))
+    """``policy.<family>``, the settings the family's adapter takes, with what the whole config
+    decides of them resolved (``Family.settings``)."""
+    family = run_family(config)
+    if family.settings is not None:
+        return family.settings(config)
+    return dict(config["policy"][family.name])
 
 
 def run_seeds(config: dict[str, Any]) -> list[int] | None:
@@ -320,20 +297,13 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The server-side settings that change actions (part of the rollout fingerprint)."""
     server = config["server"]
     if server["backend"] == "reference":
-        reference = server["reference"]
-        if config["policy"]["family"] == "pi05":
-            return {
-                "backend": server["backend"],
-                "family": "pi05",
-                "policy": reference["policy"],
-                "stats": _sha256(reference_pi05_model(config)),
-            }
-        return {
-            "backend": server["backend"],
-            "policy": reference["policy"],
-            "normalization": reference["normalization"],
-            "stats": _sha256(reference["action_stats_path"]),
-        }
+        outcome = run_family(config).reference_outcome
+        assert outcome is not None, "check_config refuses a family the reference cannot serve"
+        return outcome(config)
+    if server["backend"] == "family":
+        family = run_family(config)
+        assert family.server is not None
+        return {"backend": "family", "family": family.name, "command": list(family.server.command)}
     if server["backend"] == "openpi":
         openpi = server["openpi"]
         return {"backend": "openpi", "command": openpi["command"], "cwd": openpi["cwd"]}
@@ -361,17 +331,6 @@ def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
     )
 
 
-def _sha256(path: str | Path) -> str | None:
-    """Content hash of the reference server's statistics file (or of the norm_stats.json in a
-    directory, or a checkpoint's config.json); the client's are hashed by its adapter."""
-    path = package_data.resolve(path)
-    if path.is_dir() and (path / "norm_stats.json").is_file():
-        path = path / "norm_stats.json"
-    elif path.is_dir() and (path / "config.json").is_file():
-        path = path / "config.json"
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
-
-
 def _gpus_per_slot(config: dict[str, Any]) -> int:
     server = config["server"]
     return server["sglang"]["num_gpus"] if server["backend"] == "sglang" else 1
@@ -397,12 +356,16 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
     server = config["server"]
     gpu_id = slot_gpu_ids(config, slot)
     # server.reference as the reference server's own settings name them
-    # (reference.settings.ReferenceServerSettings); norm_stats_path is π0.5's only
-    reference = {k: v for k, v in server["reference"].items() if k != "norm_stats_path"}
+    # (reference.settings.ReferenceServerSettings), the family's part by the family
+    family = run_family(config)
+    reference = dict(server["reference"])
     reference["model_name"] = f"reference-{reference['policy']}"
     reference["action_stats_path"] = str(package_data.resolve(reference["action_stats_path"]))
-    if config["policy"]["family"] == "pi05":
-        reference.update(family="pi05", norm_stats_path=reference_pi05_model(config))
+    if family.reference_settings is not None:
+        reference = family.reference_settings(config, reference)
+    own = None
+    if family.server is not None:  # server.backend family: the family's own server
+        own = {"command": list(family.server.command), "health_path": family.server.health_path}
     return ServerSettings.from_dict(
         {
             "backend": server["backend"],
@@ -419,6 +382,7 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
             "reference": reference,
             "sglang": dict(server["sglang"]),
             "openpi": dict(server["openpi"]),
+            "family": own,
         }
     )
 
@@ -432,6 +396,10 @@ class RunSettings:
 
     def __init__(self, config: dict[str, Any]):
         self.config = config
+        try:  # a job's process registers the config's own families too
+            families.load_config_modules(config)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def run_id(self) -> str:
@@ -462,7 +430,7 @@ class RunSettings:
             message = str(exc)
             if message.startswith("policy."):
                 raise ConfigError(message) from None
-            field = "policy.pi05" if family == "pi05" else "policy.cosmos3.action_stats_path"
+            field = families.get(family).statistics_field or f"policy.{family}"
             raise ConfigError(f"{field}: {message}") from None
 
     @cached_property
@@ -511,6 +479,7 @@ class RunSettings:
             camera_size=self.config["rollout"]["camera_size"],
             privileged_state=self.config["rollout"]["send_privileged_state"],
             timeout_s=self.failures.request_timeout_s,
+            family_modules=tuple(self.config["policy"]["family_modules"]),
         )
 
     def render_plan(self, slot: int) -> RenderPlan:

@@ -27,6 +27,53 @@ def schema() -> dict[str, Any]:
     return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
+def add_policy_family(name: str, fragment: dict[str, Any] | None = None) -> None:
+    """A registered policy family in the schema (``libero_eval.policy.families``): ``name``
+    among ``policy.family``'s choices and, where given, ``fragment`` as its section
+    ``policy.<name>`` (a plugin family's own; the built-in ones are in the file)."""
+    policy = schema()["properties"]["policy"]
+    if fragment is not None and name not in policy["properties"]:
+        policy["properties"][name] = copy.deepcopy(dict(fragment))
+    choices = policy["properties"]["family"].setdefault("enum", [])
+    if name not in choices:
+        choices.append(name)
+    _shared_validator.cache_clear()
+    _validator.cache_clear()
+
+
+def validate(config: dict[str, Any]) -> None:
+    """Check ``config`` against the schema (with every registered family's section) and fill
+    in the defaults, in place, as Snakemake's ``validate`` does; ``ValueError`` names the
+    field of each bad value."""
+    errors = sorted(_validator().iter_errors(config), key=lambda e: [str(p) for p in e.path])
+    if errors:
+        raise ValueError("; ".join(_message(error) for error in errors))
+
+
+def _message(error: jsonschema.ValidationError) -> str:
+    """``field: what is wrong`` and what the field is (its description, config/README.md)."""
+    field = ".".join(map(str, error.absolute_path)) or "config"
+    about = error.schema.get("description") if isinstance(error.schema, dict) else None
+    return f"{field}: {error.message}" + (f" ({field}: {' '.join(about.split())})" if about else "")
+
+
+@cache
+def _validator() -> jsonschema.protocols.Validator:
+    """A validator that fills in defaults as it descends (jsonschema's recipe, as Snakemake's
+    ``validate(..., set_default=True)``)."""
+    cls = jsonschema.validators.validator_for(schema())
+    check_properties = cls.VALIDATORS["properties"]
+
+    def fill(validator, properties, instance, node):  # type: ignore[no-untyped-def]
+        if isinstance(instance, dict):
+            for name, spec in properties.items():
+                if "default" in spec:
+                    instance.setdefault(name, copy.deepcopy(spec["default"]))
+        yield from check_properties(validator, properties, instance, node)
+
+    return jsonschema.validators.extend(cls, {"properties": fill})(schema())
+
+
 def section(*path: str) -> dict[str, Any]:
     """The schema of the config object at ``path``, e.g. ``section("policy", "pi05")``."""
     node = schema()

@@ -3,19 +3,20 @@ import sys
 from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
-from snakemake.utils import validate
 
-from libero_eval.config import ConfigError, check_config, check_family_fields
+from libero_eval.config import ConfigError, check_config, check_family_fields, validate_config
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
 
 try:
-    # before validate() fills in defaults; an older layout is upgraded, with a warning
+    # the config's own families registered (policy.family_modules) and an older layout
+    # upgraded, with a warning, before validation fills in defaults; the schema checked then
+    # has every registered family's section (libero_eval.settings_schema.validate)
     for deprecation in check_family_fields(config):
         print(f"Config warning: {deprecation}", file=sys.stderr)
+    validate_config(config)
 except ConfigError as error:
     raise WorkflowError(f"Invalid config: {error}")
-validate(config, schema="../../src/libero_eval/data/schema.yaml")
 try:
     # Everything the rules need from the config, each part derived once (libero_eval.config).
     SETTINGS = check_config(config)

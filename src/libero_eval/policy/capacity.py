@@ -37,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from libero_eval.policy.adapters import make_adapter
-from libero_eval.policy.adapters.base import Observation, PolicyAdapter
+from libero_eval.policy import families
+from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.connection import PolicyConnection, connect, policy_connection_spec
+from libero_eval.policy.families import make_adapter
 
 WARMUP_CALLS = 1
 TIMED_CALLS = 2
@@ -163,8 +164,10 @@ class CapacityProbe:
     camera_size: int
     privileged_state: bool
     timeout_s: float
+    family_modules: tuple[str, ...] = ()  # policy.family_modules: where the family is
 
     def __call__(self, url: str) -> dict[str, Any]:
+        families.load_modules(list(self.family_modules))
         adapter = make_adapter(self.family, dict(self.policy))
         spec = policy_connection_spec(url, self.family, dict(self.policy))
         return measure_capacity(
@@ -175,7 +178,10 @@ class CapacityProbe:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self)} | {"policy": dict(self.policy)}
+        return {f.name: getattr(self, f.name) for f in fields(self)} | {
+            "policy": dict(self.policy),
+            "family_modules": list(self.family_modules),
+        }
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> CapacityProbe:
@@ -183,4 +189,4 @@ class CapacityProbe:
         names = {f.name for f in fields(cls)}
         if not isinstance(data, Mapping) or set(data) != names:
             raise ValueError(f"a capacity probe needs exactly the fields {sorted(names)}: {data!r}")
-        return cls(**data)
+        return cls(**{**data, "family_modules": tuple(data["family_modules"])})

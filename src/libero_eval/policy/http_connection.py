@@ -22,6 +22,7 @@ import requests
 from libero_eval.failures import FailurePolicy
 from libero_eval.policy import codec
 from libero_eval.policy.connection_base import WIRE_FORMATS, ConnectionBase
+from libero_eval.policy.endpoint import GENERATIONS_PATH, METADATA_PATH
 from libero_eval.policy.errors import (
     PolicyClientError,
     PolicyRequestRejected,
@@ -30,8 +31,6 @@ from libero_eval.policy.errors import (
     TransientFailure,
 )
 
-GENERATIONS_PATH = "/v1/actions/generations"
-METADATA_PATH = "/v1/actions/metadata"
 HEALTH_PATH = "/health"
 MSGPACK_CONTENT_TYPE = "application/msgpack"
 
@@ -90,6 +89,8 @@ class HttpConnection(ConnectionBase):
         max_retries: int | None = None,
         retry_backoff_s: float | None = None,
         health_path: str = HEALTH_PATH,
+        request_path: str = GENERATIONS_PATH,
+        metadata_path: str | None = METADATA_PATH,
         sleep: Callable[[float], None] = time.sleep,
     ):
         super().__init__(
@@ -104,10 +105,13 @@ class HttpConnection(ConnectionBase):
         if wire_format not in WIRE_FORMATS:
             raise ValueError(
                 f"policy client wire_format {wire_format!r} is not one of {WIRE_FORMATS} "
-                "(policy.cosmos3.transport / policy.pi05.wire_format)"
+                "(set by the family's settings under policy.<family>)"
             )
         self.base_url = base_url.rstrip("/")
         self.wire_format = wire_format
+        # the family's endpoint (ConnectionSpec): SGLang's action API unless it has its own
+        self.request_path = request_path
+        self.metadata_path = metadata_path
 
     def _url(self, path: str) -> str:
         return self.base_url + path
@@ -115,12 +119,16 @@ class HttpConnection(ConnectionBase):
     # ---------------------------------------------------------------- metadata
 
     def metadata(self) -> dict[str, Any]:
-        """``GET /v1/actions/metadata`` as a dict (retried like :meth:`infer`)."""
+        """``GET <metadata path>`` (``/v1/actions/metadata``) as a dict (retried like
+        :meth:`infer`); empty for a server without metadata (its endpoint has no path)."""
+        path = self.metadata_path
+        if path is None:
+            return {}
         return self._request(
             "GET",
-            METADATA_PATH,
+            path,
             lambda: self._session.get(
-                self._url(METADATA_PATH), timeout=self.timeout_s, proxies=self._proxies
+                self._url(path), timeout=self.timeout_s, proxies=self._proxies
             ),
         )
 
@@ -131,8 +139,8 @@ class HttpConnection(ConnectionBase):
         value = capabilities.get("max_batch_size", 1) if isinstance(capabilities, dict) else 1
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise PolicyResponseError(
-                f"{self._url(METADATA_PATH)}: capabilities.max_batch_size must be an int >= 1, "
-                f"got {value!r}"
+                f"{self._url(self.metadata_path or '')}: capabilities.max_batch_size must be an "
+                f"int >= 1, got {value!r}"
             )
         return value
 
@@ -149,7 +157,8 @@ class HttpConnection(ConnectionBase):
         return body, {"Content-Type": "application/json", "Accept": "application/json"}
 
     def infer(self, payload: dict[str, Any]) -> dict[str, Any]:
-        """``POST /v1/actions/generations`` with ``payload``; returns the decoded response.
+        """``POST <request path>`` (``/v1/actions/generations``) with ``payload``; returns the
+        decoded response.
 
         Raises :class:`PolicyRequestRejected` (4xx, with the server's ``detail``),
         :class:`PolicyServerUnavailable` (retries exhausted) or :class:`PolicyResponseError`
@@ -159,14 +168,14 @@ class HttpConnection(ConnectionBase):
             body, headers = self.encode(payload)
         except (TypeError, ValueError) as exc:
             raise ValueError(
-                f"policy request for {self._url(GENERATIONS_PATH)} cannot be encoded as "
+                f"policy request for {self._url(self.request_path)} cannot be encoded as "
                 f"{self.wire_format}: {exc}"
             ) from exc
         return self._request(
             "POST",
-            GENERATIONS_PATH,
+            self.request_path,
             lambda: self._session.post(
-                self._url(GENERATIONS_PATH),
+                self._url(self.request_path),
                 data=body,
                 headers=headers,
                 timeout=self.timeout_s,

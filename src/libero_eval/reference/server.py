@@ -44,8 +44,9 @@ import uvicorn
 from fastapi import FastAPI, HTTPException, Request, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
+import libero_eval.policy.families.pi05.reference as pi05
 from libero_eval.policy import codec
-from libero_eval.policy.actions import (
+from libero_eval.policy.families.cosmos3.actions import (
     LIBERO_ACTION_DIM,
     MODEL_ACTION_DIM,
     ActionStats,
@@ -53,25 +54,24 @@ from libero_eval.policy.actions import (
     load_action_stats,
     stats_block_for,
 )
-from libero_eval.reference import pi05
+from libero_eval.policy.families.cosmos3.reference_requests import (
+    GenerationRequest,
+    RequestError,
+    decode_body,
+    parse_generation_request,
+)
+from libero_eval.policy.families.cosmos3.reference_responses import (
+    action_metadata,
+    generation_envelope,
+    raw_response,
+    wants_msgpack,
+)
 from libero_eval.reference import settings as reference_settings
 from libero_eval.reference.batching import BatchSlot
 from libero_eval.reference.policies import (
     ServerPolicy,
     make_server_policy,
     server_policy_class,
-)
-from libero_eval.reference.requests import (
-    GenerationRequest,
-    RequestError,
-    decode_body,
-    parse_generation_request,
-)
-from libero_eval.reference.responses import (
-    action_metadata,
-    generation_envelope,
-    raw_response,
-    wants_msgpack,
 )
 from libero_eval.reference.settings import ReferenceServerSettings
 

@@ -14,7 +14,7 @@ from types import UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from libero_eval import settings_schema
-from libero_eval.policy.actions import MODEL_ACTION_DIM, stats_block_for
+from libero_eval.policy.families.cosmos3.actions import MODEL_ACTION_DIM, stats_block_for
 
 ACTION_HORIZON = 16
 LIBERO_DOMAIN_NAME = "libero"
@@ -103,7 +103,7 @@ class ReferenceServerSettings:
     )
     # None: reference-<policy>, as the serve job names it
     model_name: str | None = _setting(None, "reported model name (default reference-<policy>)")
-    # or "pi05": SGLang's π0.5 API (reference/pi05.py)
+    # or "pi05": SGLang's π0.5 API (policy/families/pi05/reference.py)
     family: str = _setting(
         FAMILY, f"model family whose SGLang API to serve (default {FAMILY}, policy.family's)"
     )

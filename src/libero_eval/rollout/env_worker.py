@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from libero_eval.policy.adapters.base import Observation
+from libero_eval.policy.adapter import Observation
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.suites import instruction
 

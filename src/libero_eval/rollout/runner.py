@@ -40,7 +40,7 @@ import numpy as np
 from libero_eval.eventlog import episode_line, log_event
 from libero_eval.failures import Action, FailureKind, FailurePolicy
 from libero_eval.plan import Episode
-from libero_eval.policy.adapters.base import Observation, PolicyAdapter
+from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.connection import (
     ConnectionSpec,
     PolicyConnection,

@@ -40,8 +40,8 @@ THREAD_VARIABLES = (
 # SGLang 0.5.23 sizes a worker's pool as min(16, host cores // GPUs) when OMP_NUM_THREADS is
 # unset (multimodal_gen/runtime/managers/gpu_worker.py, _worker_cpu_intra_op_threads). On a
 # node whose cores the env workers share, that starves both (one H200, 16 cores, through the
-# workflow: π0.5 18.3 obs/s with 16 threads, 42.0 with 2, 46.4 with 4; Cosmos3 2.24 with 16,
-# 3.27 with 4; docs/performance.md, "Server threads"). So a server takes a quarter of the CPUs
+# workflow: one model 18.3 obs/s with 16 threads, 42.0 with 2, 46.4 with 4; another 2.24 with
+# 16, 3.27 with 4; docs/performance.md, "Server threads"). So a server takes a quarter of the CPUs
 # it shares with its envs, per GPU, and at most 4: the envs keep the other three quarters.
 MAX_SERVER_THREADS = 4
 SERVER_CPU_SHARE = 4  # a server's threads: its CPUs per GPU // this
@@ -60,6 +60,16 @@ def build_command(settings: ServerSettings) -> list[str]:
             *("--host", host, "--port", port),
             *ref.argv(),
         ]
+    if settings.backend == "family":  # the family's own server, from its package
+        family = settings.family
+        assert family is not None
+        values = {"{python}": sys.executable, "{host}": host, "{port}": port}
+        argv = []
+        for arg in family.command:
+            for key, value in values.items():
+                arg = arg.replace(key, value)
+            argv.append(arg)
+        return argv
     if settings.backend == "openpi":
         openpi = settings.openpi
         assert openpi is not None

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 from libero_eval import settings_schema
 from libero_eval.reference import settings as reference_settings
 
-BACKENDS = ("reference", "sglang", "openpi")
+BACKENDS = settings_schema.choices("server")["backend"]
 # Flags `build_command` sets itself for sglang; also passing them in extra_args would make the
 # server listen somewhere else than the URL we publish. `--pipeline` is an alias of
 # `--pipeline-class-name` in server_args.py.
@@ -172,7 +172,7 @@ class SglangServerSettings:
     command: list[str]
     num_gpus: int
     tp_size: int
-    # SGLang's own default is 1 (no batching); the Cosmos3 LIBERO reference setup uses 8.
+    # SGLang's own default is 1 (no batching); the schema's default is 8.
     batching_max_size: int
     pipeline_class_name: str
     attention_backend: str | None
@@ -306,6 +306,36 @@ class OpenpiServerSettings:
 
 
 @dataclass(frozen=True)
+class FamilyServerSettings:
+    """The policy family's own server (backend `family`), as its package gives it
+    (`Family.server`, composed by the config): its command line, in which `{python}`, `{host}`
+    and `{port}` are replaced at launch, and its readiness path."""
+
+    command: list[str]
+    health_path: str
+
+    @classmethod
+    def from_dict(cls, data: Any, where: str = "server.family") -> FamilyServerSettings:
+        if not isinstance(data, Mapping):
+            raise ServerSettingsError(
+                f"{where}: expected a mapping, got {data!r}; server.backend family needs a "
+                "policy.family whose package gives its own server (Family.server)"
+            )
+        _check_keys(data, [f.name for f in fields(cls)], where)
+        _require(data, "command", where)
+        _require(data, "health_path", where)
+        command = _get_str_list(data, "command", where, [])
+        if not command or not command[0]:
+            raise ServerSettingsError(f"{where}.command: must name the server's executable")
+        health_path = _get_str(data, "health_path", where, None)
+        if not health_path.startswith("/"):
+            raise ServerSettingsError(
+                f"{where}.health_path: must start with '/', got {health_path!r}"
+            )
+        return cls(command=command, health_path=health_path)
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     """One server slot: which backend, where it listens, how long to wait, how to pin GPUs.
 
@@ -328,6 +358,7 @@ class ServerSettings:
     reference: ReferenceServerFlags | None = None
     sglang: SglangServerSettings | None = None
     openpi: OpenpiServerSettings | None = None
+    family: FamilyServerSettings | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "server") -> ServerSettings:
@@ -367,8 +398,10 @@ class ServerSettings:
                 f"{where}.extra_env: expected a mapping of variable name to string, "
                 f"got {extra_env!r}"
             )
-        reference = sglang = openpi = None
-        if backend == "reference":
+        reference = sglang = openpi = family = None
+        if backend == "family":
+            family = FamilyServerSettings.from_dict(data.get("family"), f"{where}.family")
+        elif backend == "reference":
             _require(data, "reference", where)
             reference = ReferenceServerFlags.from_dict(data["reference"], f"{where}.reference")
         elif backend == "openpi":
@@ -406,6 +439,7 @@ class ServerSettings:
             reference=reference,
             sglang=sglang,
             openpi=openpi,
+            family=family,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -421,7 +455,10 @@ class ServerSettings:
 
     @property
     def health_path(self) -> str:
-        """Readiness path: openpi's `/healthz`, SGLang's and the reference server's `/health`."""
+        """Readiness path: openpi's `/healthz`, a family server's own, SGLang's and the
+        reference server's `/health`."""
+        if self.family is not None:
+            return self.family.health_path
         return self.openpi.health_path if self.openpi is not None else "/health"
 
     @property

@@ -1,48 +1,244 @@
-"""Model-family adapters: one module per family, found here by its ``ADAPTER`` entry.
+"""Policy families: one package per model family, and the registry the rest of the package asks.
 
-Every module of this package that defines ``ADAPTER`` (a :class:`PolicyAdapter` subclass with
-its ``family``) is registered in :data:`ADAPTERS` under that family; adding a family adds no
-line here.
+A family is a package that defines ``FAMILY``, a :class:`Family`: its adapter and math, its
+endpoint (a :class:`~libero_eval.policy.endpoint.ConnectionSpec` from its settings), the
+server backends that serve it and, where it has them, its own server command, its part of the
+reference server's settings and of the rollout fingerprint, and its older-layout upgrade. Its
+settings are the config section ``policy.<name>`` (``Family.schema``, merged into the config
+schema when the family is registered; the built-in families' sections are in
+``data/schema.yaml``), and ``policy.family``'s choices are the registered families.
+
+Families are found three ways, none of which adds a line here:
+
+- the packages under ``libero_eval/policy/families/`` (the built-in ``cosmos3`` and ``pi05``);
+- installed distributions that declare an entry point in the group ``libero_eval.families``
+  (``[project.entry-points."libero_eval.families"] mine = "my_package"``);
+- the modules a config lists in ``policy.family_modules`` (importable names: an installed
+  package, or one on ``PYTHONPATH``), imported before the config is validated.
+
+``config``, ``policy.connection``, ``serve/``, ``rollout/`` and ``report/`` name no family;
+they ask this registry (docs/design.md, "Adding a policy family").
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib.metadata import entry_points
+from pathlib import Path
 from typing import Any
 
-from libero_eval.policy.adapters.base import Observation, PolicyAdapter
+from libero_eval import package_data, settings_schema
+from libero_eval.policy.adapter import Observation, PolicyAdapter
+from libero_eval.policy.endpoint import ConnectionSpec
+
+ENTRY_POINT_GROUP = "libero_eval.families"
+MODULES_FIELD = "policy.family_modules"
 
 
-def _discover() -> dict[str, type[PolicyAdapter]]:
-    found: dict[str, type[PolicyAdapter]] = {}
-    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        entry = getattr(importlib.import_module(f"{__name__}.{module.name}"), "ADAPTER", None)
-        if entry is None:
-            continue
-        if entry.family in found:
-            raise RuntimeError(
-                f"two adapter modules claim policy.family {entry.family!r}: "
-                f"{found[entry.family].__module__} and {entry.__module__}"
+@dataclass(frozen=True)
+class FamilyServer:
+    """A family's own policy server, run for ``server.backend: family``: its command line, in
+    which ``{python}`` (the serve job's interpreter), ``{host}`` and ``{port}`` are replaced
+    at launch, and the path it answers with HTTP 200 once ready."""
+
+    command: tuple[str, ...]
+    health_path: str = "/health"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family, as its package declares it (``FAMILY = Family(...)``).
+
+    - ``name``: the value of ``policy.family``; its settings are ``policy.<name>``.
+    - ``title``: how messages name it (``π0.5``).
+    - ``adapter``: its :class:`PolicyAdapter` subclass (observations -> request, answer ->
+      actions, its statistics and outcome settings, its whole-config check).
+    - ``endpoint``: ``(url, settings) -> ConnectionSpec``: where and how its server talks.
+    - ``backends``: the ``server.backend`` values that can serve it.
+    - ``example_config``: a ready config, named in messages.
+    - ``schema``: its ``policy.<name>`` section (a JSON-schema mapping), merged into the
+      config schema at registration; None where the package's schema already has it.
+    - ``server``: its own server (``server.backend: family``), or None.
+    - ``settings``: ``config -> policy.<name>`` as the adapter takes it, where the whole
+      config decides a field (π0.5's checkpoint); None takes the section as it is.
+    - ``upgrade``: ``policy -> messages``: an older layout moved into ``policy.<name>`` before
+      validation (raises ``ValueError`` where it cannot be); None when there is none.
+    - ``reference_settings``: ``(config, server.reference) -> the reference server's
+      settings`` for this family's forms; None: the reference server does not serve it.
+    - ``reference_outcome``: ``config -> the reference server's part of the rollout
+      fingerprint`` (with ``reference_settings``).
+    - ``statistics_field``: the field a bad statistics file is reported under.
+    """
+
+    name: str
+    title: str
+    adapter: type[PolicyAdapter]
+    endpoint: Callable[[str, dict[str, Any]], ConnectionSpec]
+    backends: tuple[str, ...]
+    example_config: str | None = None
+    schema: Mapping[str, Any] | None = None
+    server: FamilyServer | None = None
+    settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    upgrade: Callable[[dict[str, Any]], list[str]] | None = None
+    reference_settings: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None
+    reference_outcome: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    statistics_field: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.adapter.family != self.name:
+            raise ValueError(
+                f"family {self.name!r}: its adapter {self.adapter.__name__} says family "
+                f"{self.adapter.family!r}; give them one name"
             )
-        found[entry.family] = entry
-    return found
+        if ("family" in self.backends) != (self.server is not None):
+            raise ValueError(
+                f"family {self.name!r}: server.backend 'family' runs the family's own server: "
+                "list it in backends exactly when Family.server is given"
+            )
 
 
-ADAPTERS: dict[str, type[PolicyAdapter]] = _discover()
+_REGISTRY: dict[str, Family] = {}
+_discovered = False
+
+
+def register(family: Family, source: str = "") -> Family:
+    """Add ``family`` (its schema section merged, ``policy.family``'s choices extended);
+    registering the same family again is a no-op, another under a taken name an error."""
+    if not isinstance(family, Family):
+        raise ValueError(f"{source or 'a family'}: FAMILY must be a Family, got {family!r}")
+    known = _REGISTRY.get(family.name)
+    if known is not None:
+        if known.adapter is family.adapter:
+            return known
+        raise ValueError(
+            f"two packages claim policy.family {family.name!r}: {known.adapter.__module__} and "
+            f"{family.adapter.__module__}"
+        )
+    if family.schema is None and family.name not in settings_schema.fields("policy"):
+        raise ValueError(
+            f"family {family.name!r} ({source or family.adapter.__module__}) has no settings "
+            f"section: give Family.schema, the schema of policy.{family.name}"
+        )
+    settings_schema.add_policy_family(family.name, family.schema)
+    _REGISTRY[family.name] = family
+    return family
+
+
+def _register_module(module_name: str, source: str) -> None:
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(
+            f"{source}: cannot import {module_name!r} ({exc}); install the family's package, "
+            "or put the directory that holds it on PYTHONPATH"
+        ) from None
+    entry = getattr(module, "FAMILY", None)
+    if entry is None:
+        raise ValueError(
+            f"{source}: module {module_name!r} defines no FAMILY; a family package sets "
+            "FAMILY = libero_eval.policy.families.Family(...) in its __init__.py"
+        )
+    register(entry, f"{source} {module_name!r}")
+
+
+def _discover() -> None:
+    """The built-in families (the packages here) and the installed ones (entry points)."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    for module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if module.ispkg:
+            _register_module(f"{__name__}.{module.name}", "libero_eval.policy.families")
+    for point in entry_points(group=ENTRY_POINT_GROUP):
+        _register_module(point.value.split(":")[0], f"entry point {point.name!r}")
+
+
+def load_modules(modules: Any) -> None:
+    """Register the families of ``policy.family_modules`` (importable module names)."""
+    if modules is None:
+        return
+    if not isinstance(modules, list) or not all(isinstance(m, str) and m for m in modules):
+        raise ValueError(
+            f"{MODULES_FIELD}: expected a list of importable module names, got {modules!r}"
+        )
+    _discover()
+    for name in modules:
+        _register_module(name, MODULES_FIELD)
+
+
+def load_config_modules(config: Mapping[str, Any]) -> None:
+    """:func:`load_modules` for a config as written (before or after validation)."""
+    policy = config.get("policy") if isinstance(config, Mapping) else None
+    if isinstance(policy, Mapping):
+        load_modules(policy.get("family_modules"))
+    else:
+        _discover()
+
+
+def names() -> tuple[str, ...]:
+    """Every registered family's name, in registration order."""
+    _discover()
+    return tuple(_REGISTRY)
+
+
+def get(name: Any) -> Family:
+    """The family registered as ``name`` (``policy.family``)."""
+    _discover()
+    try:
+        return _REGISTRY[name]
+    except (KeyError, TypeError):
+        raise ValueError(
+            f"unknown policy.family {name!r}; known families: {sorted(_REGISTRY)}. A family is "
+            "a package whose FAMILY is a libero_eval.policy.families.Family: list it in "
+            f"{MODULES_FIELD}, or install it with an entry point in {ENTRY_POINT_GROUP!r}"
+        ) from None
 
 
 def make_adapter(family: str, settings: dict[str, Any]) -> PolicyAdapter:
     """Instantiate the adapter registered for ``family`` (``policy.family``) with ``settings``."""
-    try:
-        adapter_class = ADAPTERS[family]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"unknown policy.family {family!r}; known families: {sorted(ADAPTERS)}. "
-            "A new family is a module in libero_eval/policy/adapters/ whose ADAPTER is its "
-            "PolicyAdapter subclass"
-        ) from None
-    return adapter_class(settings)
+    return get(family).adapter(settings)
 
 
-__all__ = ["ADAPTERS", "Observation", "PolicyAdapter", "make_adapter"]
+def connection_spec(url: str, family: str, settings: dict[str, Any]) -> ConnectionSpec:
+    """The endpoint ``family``'s settings (``policy.<family>``) talk to at ``url``."""
+    return get(family).endpoint(url, settings)
+
+
+def statistics_sha256(path: str | Path) -> str | None:
+    """Content hash of a server's statistics file (or of the norm_stats.json in a directory,
+    or a checkpoint's config.json); None where there is none."""
+    path = package_data.resolve(path)
+    if path.is_dir() and (path / "norm_stats.json").is_file():
+        path = path / "norm_stats.json"
+    elif path.is_dir() and (path / "config.json").is_file():
+        path = path / "config.json"
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ADAPTERS":  # {family: adapter class}, every registered family
+        _discover()
+        return {key: family.adapter for key, family in _REGISTRY.items()}
+    raise AttributeError(name)
+
+
+__all__ = [
+    "ENTRY_POINT_GROUP",
+    "Family",
+    "FamilyServer",
+    "Observation",
+    "PolicyAdapter",
+    "connection_spec",
+    "get",
+    "load_config_modules",
+    "load_modules",
+    "make_adapter",
+    "names",
+    "register",
+    "statistics_sha256",
+]

@@ -30,9 +30,9 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image
 
+import libero_eval.policy.families.cosmos3.actions as action_math
 from libero_eval import package_data, settings_schema
-from libero_eval.policy import actions as action_math
-from libero_eval.policy.adapters.base import Observation, PolicyAdapter
+from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.errors import PolicyResponseError
 
 # Every `policy.cosmos3.*` field, as src/libero_eval/data/schema.yaml lists them (once); all but
@@ -388,6 +388,3 @@ class Cosmos3Adapter(PolicyAdapter):
                     f"Cosmos3 response action for input {index} is invalid: {exc}"
                 ) from exc
         return result
-
-
-ADAPTER = Cosmos3Adapter  # the family's entry (libero_eval.policy.adapters)

@@ -28,7 +28,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from libero_eval.policy import codec
-from libero_eval.policy.actions import MODEL_ACTION_DIM
+from libero_eval.policy.families.cosmos3.actions import MODEL_ACTION_DIM
 from libero_eval.reference import image_check
 from libero_eval.reference.policies import PolicyItem
 from libero_eval.reference.settings import (

@@ -19,7 +19,7 @@ class (``Pi05Adapter(settings)`` builds it; :data:`API_ADAPTERS`):
 
 With SGLang (:class:`Pi05SglangAdapter`, the base of both SGLang classes) the client does what
 the checkpoint's own training pipeline did before the model (SGLang normalizes nothing), and
-the checkpoint decides how (``policy/pi05_checkpoint.py`` reads its ``config.json`` as SGLang
+the checkpoint decides how (``checkpoint.py`` beside it reads its ``config.json`` as SGLang
 does; ``docs/pi05.md`` cites every value):
 
 - **LeRobot lineage**: the checkpoint's camera names (``image`` = agentview, ``image2`` =
@@ -31,7 +31,7 @@ does; ``docs/pi05.md`` cites every value):
   with mask False), images resized with padding to 224 on the client
   (``examples/libero/main.py``), the state normalized and padded to 32
   (``PadStatesAndActions``), and openpi's prompt sent pre-tokenized as ``tokens`` /
-  ``token_masks`` (``policy/paligemma.py``): no state for ``discrete_state_input: false``.
+  ``token_masks`` (``paligemma.py`` beside it): no state for ``discrete_state_input: false``.
 - **no checkpoint** (the CPU reference server): SGLang's defaults, openpi's slots, the state
   padded to ``pad_state_to`` and discretized by the server.
 
@@ -52,13 +52,13 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image
 
+import libero_eval.policy.families.pi05.openpi_transforms as T
+import libero_eval.policy.families.pi05.paligemma as paligemma
 from libero_eval import settings_schema
-from libero_eval.policy import openpi_transforms as T
-from libero_eval.policy import paligemma
-from libero_eval.policy.adapters.base import Observation, PolicyAdapter
-from libero_eval.policy.adapters.pi05_run import check_pi05_run_config
+from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.errors import PolicyResponseError
-from libero_eval.policy.pi05_checkpoint import Pi05Layout, read_checkpoint
+from libero_eval.policy.families.pi05.checkpoint import Pi05Layout, read_checkpoint
+from libero_eval.policy.families.pi05.run_config import check_pi05_run_config
 
 # policy.pi05's fields restricted to a list of values, as data/schema.yaml lists them (once).
 CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices("policy", "pi05")
@@ -276,7 +276,7 @@ class Pi05Adapter(PolicyAdapter):
 
 class Pi05SglangAdapter(Pi05Adapter):
     """SGLang's ``Pi05Pipeline`` (which normalizes nothing): the client applies the
-    checkpoint's own training transforms, by its lineage (``policy/pi05_checkpoint.py``)."""
+    checkpoint's own training transforms, by its lineage (``checkpoint.py`` beside it)."""
 
     def __init__(self, settings: dict[str, Any]):
         super().__init__(settings)
@@ -581,5 +581,3 @@ API_ADAPTERS: dict[str, type[Pi05Adapter]] = {
     "sglang_websocket": Pi05SglangWebsocketAdapter,
     "openpi_websocket": Pi05OpenpiServerAdapter,
 }
-
-ADAPTER = Pi05Adapter  # the family's entry (libero_eval.policy.adapters)

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from libero_eval.policy import openpi_transforms as T
-from libero_eval.policy.pi05_checkpoint import Pi05Layout, read_checkpoint
+import libero_eval.policy.families.pi05.openpi_transforms as T
+from libero_eval.policy.families.pi05.checkpoint import Pi05Layout, read_checkpoint
 from libero_eval.reference import image_check
 from libero_eval.reference.policies import PolicyItem
 
@@ -42,7 +42,7 @@ class Pi05RequestError(ValueError):
 @dataclass(frozen=True)
 class Pi05Model:
     """The model side: its statistics and its layout, as SGLang derives it from a checkpoint
-    (``policy/pi05_checkpoint.py``), or SGLang's Pi05PipelineConfig defaults."""
+    (``policy/families/pi05/checkpoint.py``), or SGLang's Pi05PipelineConfig defaults."""
 
     stats: T.NormStats
     normalization: str = "quantile"

@@ -1,0 +1,86 @@
+"""Cosmos3 on SGLang's action API (LIBERO domain): the family as one package.
+
+``adapter`` (requests, answers, statistics, whole-config check), ``actions`` (the action
+math), ``reference_requests`` / ``reference_responses`` (the reference server's Cosmos3
+forms); here: its endpoint, its older layout and its reference-server settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from libero_eval import package_data, settings_schema
+from libero_eval.policy.endpoint import ConnectionSpec
+from libero_eval.policy.families import Family, statistics_sha256
+from libero_eval.policy.families.cosmos3.adapter import Cosmos3Adapter
+
+TRANSPORTS = settings_schema.choices("policy", "cosmos3")["transport"]
+
+
+def endpoint(url: str, settings: dict[str, Any]) -> ConnectionSpec:
+    """SGLang's HTTP action API: ``policy.cosmos3.transport`` msgpack, or png_base64 (JSON)."""
+    transport = settings.get("transport", "msgpack") if isinstance(settings, dict) else None
+    if transport not in TRANSPORTS:
+        raise ValueError(
+            f"policy.cosmos3.transport must be one of {list(TRANSPORTS)}, got {transport!r}"
+        )
+    return ConnectionSpec(url, "http", "msgpack" if transport == "msgpack" else "json")
+
+
+def upgrade(policy: dict[str, Any]) -> list[str]:
+    """Cosmos3 fields written directly under ``policy`` (the layout before issue 21) moved to
+    ``policy.cosmos3``; where both are set, the old key (e.g. from an overlay written for the
+    old layout) wins. Another family's config with them is refused."""
+    old_layout = [key for key in settings_schema.fields("policy", "cosmos3") if key in policy]
+    if not old_layout:
+        return []
+    family = policy.get("family", settings_schema.defaults("policy")["family"])
+    if family != "cosmos3":
+        raise ValueError(
+            f"{', '.join('policy.' + key for key in old_layout)}: Cosmos3 setting(s), but "
+            f"policy.family is {family}. Remove them; that family's settings go under "
+            f"policy.{family}. Are two configs of different families stacked with --configfile?"
+        )
+    section = policy.get("cosmos3")
+    if section is not None and not isinstance(section, dict):
+        return []  # the schema reports it
+    section = dict(section or {})
+    for key in old_layout:
+        section[key] = policy.pop(key)
+    policy["cosmos3"] = section
+    return [
+        f"{', '.join('policy.' + key for key in old_layout)}: deprecated layout, read as "
+        f"{', '.join('policy.cosmos3.' + key for key in old_layout)}. Cosmos3 settings now "
+        "live under policy.cosmos3 (like π0.5's under policy.pi05): move them there (an old "
+        "key overrides its policy.cosmos3 twin)"
+    ]
+
+
+def reference_settings(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """The reference server's Cosmos3 settings: its own statistics and normalization
+    (server.reference); norm_stats_path is π0.5's only."""
+    return {key: value for key, value in reference.items() if key != "norm_stats_path"}
+
+
+def reference_outcome(config: dict[str, Any]) -> dict[str, Any]:
+    reference = config["server"]["reference"]
+    return {
+        "backend": "reference",
+        "policy": reference["policy"],
+        "normalization": reference["normalization"],
+        "stats": statistics_sha256(package_data.resolve(reference["action_stats_path"])),
+    }
+
+
+FAMILY = Family(
+    name="cosmos3",
+    title="Cosmos3",
+    adapter=Cosmos3Adapter,
+    endpoint=endpoint,
+    backends=("reference", "sglang"),
+    example_config="config/config.yaml",
+    upgrade=upgrade,
+    reference_settings=reference_settings,
+    reference_outcome=reference_outcome,
+    statistics_field="policy.cosmos3.action_stats_path",
+)

@@ -1,0 +1,65 @@
+"""π0.5 (openpi's LIBERO transforms on the client): the family as one package.
+
+``adapter`` (one class per ``policy.pi05.api``), ``openpi_transforms``, ``checkpoint`` (a
+checkpoint's layout), ``paligemma`` (prompts), ``run_config`` (its whole-config parts),
+``reference`` (the reference server's π0.5 forms); here: its endpoint and its
+reference-server settings.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from libero_eval.policy.endpoint import ConnectionSpec
+from libero_eval.policy.families import Family, statistics_sha256
+from libero_eval.policy.families.pi05.adapter import DEFAULTS, Pi05Adapter
+from libero_eval.policy.families.pi05.run_config import pi05_settings, reference_pi05_model
+
+#: policy.pi05.api -> (channel, websocket path, readiness path)
+API_ENDPOINTS: dict[str, tuple[str, str, str]] = {
+    "sglang_http": ("http", "", "/health"),
+    "sglang_websocket": ("websocket", "/openpi/policy", "/health"),
+    "openpi_websocket": ("websocket", "", "/healthz"),  # openpi's serve_policy.py
+}
+
+
+def endpoint(url: str, settings: dict[str, Any]) -> ConnectionSpec:
+    """``policy.pi05.api`` (see :data:`API_ENDPOINTS`); ``sglang_http`` sends
+    ``policy.pi05.wire_format``."""
+    block = settings.get("pi05", settings) if isinstance(settings, dict) else None
+    if not isinstance(block, dict):
+        raise ValueError(f"policy.pi05 must be a mapping, got {type(block).__name__}")
+    api = block.get("api", DEFAULTS["api"])
+    if api not in API_ENDPOINTS:
+        raise ValueError(f"policy.pi05.api must be one of {list(API_ENDPOINTS)}, got {api!r}")
+    channel, path, health_path = API_ENDPOINTS[api]
+    wire = block.get("wire_format", DEFAULTS["wire_format"])
+    return ConnectionSpec(url, channel, wire if channel == "http" else "msgpack", path, health_path)
+
+
+def reference_settings(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
+    """The reference server's π0.5 settings: its model, a checkpoint or statistics file."""
+    return {**reference, "family": "pi05", "norm_stats_path": reference_pi05_model(config)}
+
+
+def reference_outcome(config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "backend": "reference",
+        "family": "pi05",
+        "policy": config["server"]["reference"]["policy"],
+        "stats": statistics_sha256(reference_pi05_model(config)),
+    }
+
+
+FAMILY = Family(
+    name="pi05",
+    title="π0.5",
+    adapter=Pi05Adapter,
+    endpoint=endpoint,
+    backends=("reference", "sglang", "openpi"),
+    example_config="config/libero_pi05_sglang.yaml",
+    settings=pi05_settings,
+    reference_settings=reference_settings,
+    reference_outcome=reference_outcome,
+    statistics_field="policy.pi05",
+)
