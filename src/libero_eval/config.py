@@ -66,7 +66,7 @@ MOVED_TO_FAILURES = {
 def move_failure_fields(config: dict[str, Any]) -> list[str]:
     """Read ``policy.http_*`` (the layout before issue 26) as ``rollout.failures.*``, with a
     deprecation message naming the old and the new key; where both are set, the old key wins
-    (as for the Cosmos3 fields below). Returns the messages."""
+    (as for a family's older layout, `Family.upgrade`). Returns the messages."""
     policy = config.get("policy")
     if not isinstance(policy, dict) or not any(key in policy for key in MOVED_TO_FAILURES):
         return []

@@ -39,7 +39,7 @@ REFERENCE_MAX_STEPS = {
     "libero_90": 400,
 }
 
-# RLinf: libero_spatial 480 from its Cosmos3 SGLang evaluation config; the other suites take the
+# RLinf: libero_spatial 480 from its SGLang evaluation config; the other suites take the
 # longer limit of RLinf's LIBERO evaluation guide and configs (docs/protocols.md cites each).
 RLINF_MAX_STEPS = {
     "libero_spatial": 480,
@@ -115,7 +115,7 @@ class EpisodeProtocol:
 
 
 PROTOCOLS: dict[str, EpisodeProtocol] = {
-    # RLinf's Cosmos3 SGLang evaluation: 15 uncounted settle steps, run to the limit in whole
+    # RLinf's SGLang evaluation: 15 uncounted settle steps, run to the limit in whole
     # chunks with terminations ignored (success_once / success_at_end).
     "rlinf": EpisodeProtocol(
         name="rlinf",
