@@ -331,6 +331,16 @@ def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
     )
 
 
+def server_on_gpu(config: dict[str, Any]) -> bool:
+    """Whether a slot's server runs on a GPU: :data:`GPU_BACKENDS`, or a family's own server
+    that says so (``FamilyServer.gpu``)."""
+    backend = config["server"]["backend"]
+    if backend == "family":
+        own = run_family(config).server
+        return own is not None and own.gpu
+    return backend in GPU_BACKENDS
+
+
 def _gpus_per_slot(config: dict[str, Any]) -> int:
     server = config["server"]
     return server["sglang"]["num_gpus"] if server["backend"] == "sglang" else 1
@@ -344,7 +354,7 @@ def slot_gpu_ids(config: dict[str, Any], slot: int) -> int | list[int] | None:
     devices = None
     if server["gpu_ids"] is not None:
         devices = server["gpu_ids"][slot * per_slot : (slot + 1) * per_slot]
-    elif server["backend"] in GPU_BACKENDS and "SLURM_JOB_ID" not in os.environ:
+    elif server_on_gpu(config) and "SLURM_JOB_ID" not in os.environ:
         # Locally nothing assigns GPUs: slot k takes devices k*n .. k*n+n-1.
         devices = list(range(slot * per_slot, (slot + 1) * per_slot))
     return devices[0] if devices is not None and len(devices) == 1 else devices
@@ -407,8 +417,8 @@ class RunSettings:
 
     @property
     def server_on_gpu(self) -> bool:
-        """Whether a slot's server runs on a GPU (:data:`GPU_BACKENDS`): its job asks for one."""
-        return self.config["server"]["backend"] in GPU_BACKENDS
+        """Whether a slot's server runs on a GPU (:func:`server_on_gpu`): its job asks for one."""
+        return server_on_gpu(self.config)
 
     @cached_property
     def protocol(self) -> EpisodeProtocol:

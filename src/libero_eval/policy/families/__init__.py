@@ -43,10 +43,12 @@ MODULES_FIELD = "policy.family_modules"
 class FamilyServer:
     """A family's own policy server, run for ``server.backend: family``: its command line, in
     which ``{python}`` (the serve job's interpreter), ``{host}`` and ``{port}`` are replaced
-    at launch, and the path it answers with HTTP 200 once ready."""
+    at launch, the path it answers with HTTP 200 once ready, and whether it runs on a GPU (its
+    serve job then asks for one and is pinned to the slot's, as SGLang's)."""
 
     command: tuple[str, ...]
     health_path: str = "/health"
+    gpu: bool = False
 
 
 @dataclass(frozen=True)
