@@ -186,7 +186,7 @@ def leaderboard_html(table: pd.DataFrame, pairs: pd.DataFrame, left_out: list[Pa
         f"<style>{_STYLE}</style>",
         "<p>One row per run, from its own summary. Runs are comparable only within a group: the "
         "same episodes under the same protocol. Click a column to sort; type to filter.</p>",
-        '<p><input id="filter" type="search" placeholder="filter runs, e.g. openpi libero_spatial"></p>',
+        '<p><input id="filter" type="search" placeholder="filter runs, e.g. openpi spatial"></p>',
     ]
     for group, members in table.groupby("group", sort=True):
         headers = [h for h, _ in rows[0]]
