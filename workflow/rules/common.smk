@@ -4,7 +4,12 @@ from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
 
-from libero_eval.config import ConfigError, check_config, check_family_fields, validate_config
+from libero_eval.config import (
+    ConfigError,
+    check_config,
+    check_family_fields,
+    validate_config,
+)
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
 
