@@ -270,32 +270,39 @@ JUSTIFIED: dict[str, str] = {
         "the HTTP wire format, msgpack unless a family's endpoint says json; the same word as "
         "policy.pi05.wire_format's default, not that field"
     ),
-    "policy/connection.py:ConnectionSpec.wire_format": (
+    "policy/endpoint.py:ConnectionSpec.wire_format": (
         "an endpoint's wire format (msgpack, the codec's native one) unless its family says "
         "otherwise; not policy.pi05.wire_format"
     ),
-    "policy/connection.py:policy_connection_spec.transport": (
-        "a Cosmos3 settings mapping built without the schema (tests) talks msgpack; the "
-        "families package gives the endpoint its own defaults (issue 26)"
+    "policy/families/cosmos3/__init__.py:endpoint.transport": (
+        "a Cosmos3 settings mapping built without the schema (tests) talks msgpack, SGLang's "
+        "own wire format"
     ),
-    "policy/adapters/cosmos3.py:Cosmos3Adapter.family": "the adapter's family name, no default",
+    "policy/families/cosmos3/adapter.py:Cosmos3Adapter.family": (
+        "the adapter's family name, no default"
+    ),
     "report/tables.py:failures_by_error.metric": (
         "the failure table counts episodes that never succeeded; no config field chooses it"
     ),
-    "reference/requests.py:parse_generation_request.action_mode": _SGLANG_API,
-    "reference/requests.py:parse_generation_request.response_format": _SGLANG_API,
-    "reference/responses.py:action_metadata.num_gpus": _SGLANG_API,
-    "reference/responses.py:action_metadata.tp_size": _SGLANG_API,
-    "reference/responses.py:action_metadata.action_mode": _SGLANG_API,
+    **dict.fromkeys(
+        (
+            "policy/families/cosmos3/reference_requests.py:parse_generation_request.action_mode",
+            "policy/families/cosmos3/reference_requests.py:parse_generation_request.response_format",
+        ),
+        _SGLANG_API,
+    ),
+    "policy/families/cosmos3/reference_responses.py:action_metadata.num_gpus": _SGLANG_API,
+    "policy/families/cosmos3/reference_responses.py:action_metadata.tp_size": _SGLANG_API,
+    "policy/families/cosmos3/reference_responses.py:action_metadata.action_mode": _SGLANG_API,
     "reference/server.py:ReferenceServer.generate.action_mode": _SGLANG_API,
     "reference/server.py:_add_pi05_routes.create_action_generation.response_format": (_SGLANG_API),
-    "reference/pi05.py:parse_request.response_format": _SGLANG_API,
-    "reference/pi05.py:parse_request.num_inference_steps": _SGLANG_API,
-    "reference/pi05.py:metadata.num_inference_steps": _SGLANG_API,
-    "reference/pi05.py:Pi05Model.normalization": (
+    "policy/families/pi05/reference.py:parse_request.response_format": _SGLANG_API,
+    "policy/families/pi05/reference.py:parse_request.num_inference_steps": _SGLANG_API,
+    "policy/families/pi05/reference.py:metadata.num_inference_steps": _SGLANG_API,
+    "policy/families/pi05/reference.py:Pi05Model.normalization": (
         "SGLang's Pi05PipelineConfig default for a model without its own (the server's model)"
     ),
-    "reference/pi05.py:Pi05Model.image_size": (
+    "policy/families/pi05/reference.py:Pi05Model.image_size": (
         "SGLang's Pi05PipelineConfig default for a model without its own (the server's model)"
     ),
     "reference/server.py:serve_in_thread.host": _LOOPBACK,
@@ -507,6 +514,7 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
                 "health_poll_s": "how often the serve job polls its server (no config field)",
                 "gpu_id": "server.gpu_ids resolved for the slot (libero_eval.config)",
                 "extra_env": "variables a test or benchmark adds to the server's environment",
+                "family": "the family's own server (Family.server) for server.backend family",
             },
         ),
         (

@@ -155,7 +155,8 @@ class CapacityProbe:
     """What measuring a slot's server needs, as plain data (it crosses to the serve job as
     JSON): the policy family and its settings (``policy.<family>``, from which the adapter and
     the endpoint are built), the merge limit of one-observation requests, the camera size,
-    whether requests carry privileged state, and the client's timeout. Called with the
+    whether requests carry privileged state, the client's timeout, and the modules that
+    register a family of the config's own (``policy.family_modules``). Called with the
     server's URL it returns the capacity entry."""
 
     family: str
@@ -164,7 +165,7 @@ class CapacityProbe:
     camera_size: int
     privileged_state: bool
     timeout_s: float
-    family_modules: tuple[str, ...] = ()  # policy.family_modules: where the family is
+    family_modules: tuple[str, ...]  # policy.family_modules: where the family is
 
     def __call__(self, url: str) -> dict[str, Any]:
         families.load_modules(list(self.family_modules))

@@ -65,7 +65,7 @@ def reference_settings(config: dict[str, Any], reference: dict[str, Any]) -> dic
 def reference_outcome(config: dict[str, Any]) -> dict[str, Any]:
     reference = config["server"]["reference"]
     return {
-        "backend": "reference",
+        "backend": config["server"]["backend"],
         "policy": reference["policy"],
         "normalization": reference["normalization"],
         "stats": statistics_sha256(package_data.resolve(reference["action_stats_path"])),

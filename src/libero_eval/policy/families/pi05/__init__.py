@@ -44,7 +44,7 @@ def reference_settings(config: dict[str, Any], reference: dict[str, Any]) -> dic
 
 def reference_outcome(config: dict[str, Any]) -> dict[str, Any]:
     return {
-        "backend": "reference",
+        "backend": config["server"]["backend"],
         "family": "pi05",
         "policy": config["server"]["reference"]["policy"],
         "stats": statistics_sha256(reference_pi05_model(config)),
