@@ -215,3 +215,106 @@ def test_the_reference_server_wants_openpis_tokens_from_an_openpi_client():
     del body["input"]["observation"]["tokens"]
     with pytest.raises(reference.Pi05RequestError, match="needs openpi's prompt as tokens"):
         reference.parse_request(body, model, websocket=False)
+
+
+# --- LeRobot's empty cameras: each image block once, as LeRobot feeds them ----------------------
+
+
+LEROBOT_BLOCKS = ["image", "image2", "empty_camera_0"]
+
+
+def test_a_checkpoint_trained_with_an_empty_camera_names_it_twice_for_sglang():
+    """LeRobot's LIBERO recipe (``--policy.empty_cameras=1``) saves the empty camera in
+    ``input_features`` and keeps ``empty_cameras: 1``; SGLang's loader counts it twice, LeRobot
+    feeds it once after the real cameras: the request carries LeRobot's order."""
+    layout = read_checkpoint(pi05_checkpoint("lerobot", empty_cameras=1))
+    assert layout.camera_keys == ("image", "image2", "empty_camera_0", "empty_camera_0")
+    assert layout.camera_order == tuple(LEROBOT_BLOCKS)
+    assert layout.camera_views == {"image": "agentview", "image2": "wrist", "empty_camera_0": None}
+    plain = read_checkpoint(pi05_checkpoint("lerobot"))
+    assert plain.camera_keys == ("image", "image2") and plain.camera_order is None
+    assert read_checkpoint(pi05_checkpoint("openpi")).camera_order is None
+
+
+@pytest.mark.parametrize(
+    ("api", "wire"),
+    [("sglang_http", "msgpack"), ("sglang_http", "json"), ("sglang_websocket", "msgpack")],
+)
+def test_the_request_carries_camera_order_only_where_sglangs_keys_differ(api, wire):
+    def observation_of(checkpoint) -> dict:
+        body = lineage_adapter(checkpoint, api=api, wire_format=wire).build_request(
+            [observation()], "r"
+        )
+        return body["input"]["observation"] if api == "sglang_http" else body
+
+    sent = observation_of(pi05_checkpoint("lerobot", empty_cameras=1))
+    assert sent["camera_order"] == LEROBOT_BLOCKS
+    assert sent["image_masks"] == {"image": True, "image2": True, "empty_camera_0": False}
+    assert sorted(sent["images"]) == ["image", "image2"]  # the blank one is SGLang's to make
+    assert "camera_order" not in observation_of(pi05_checkpoint("lerobot"))
+
+
+def test_lerobot_feeds_the_cameras_it_has_before_the_blank_ones(tmp_path):
+    """``_preprocess_images`` appends the missing cameras' blank blocks after the present ones,
+    whatever their place in ``input_features``."""
+    import json
+
+    from random_checkpoint.pi05_layouts import lerobot_config, write_lerobot
+
+    write_lerobot(tmp_path)
+    config = lerobot_config(empty_cameras=1)
+    features = config["input_features"]
+    config["input_features"] = {
+        "observation.images.empty_camera_0": features.pop("observation.images.empty_camera_0"),
+        **features,
+    }
+    config["empty_cameras"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    layout = read_checkpoint(tmp_path)
+    assert layout.camera_keys == ("empty_camera_0", "image", "image2")
+    assert layout.camera_order == ("image", "image2", "empty_camera_0")
+
+
+@pytest.mark.parametrize(
+    ("api", "wire"),
+    [("sglang_http", "msgpack"), ("sglang_http", "json"), ("sglang_websocket", "msgpack")],
+)
+def test_sglang_encodes_lerobots_three_image_blocks_not_four(sglang_side, api, wire):
+    """Through SGLang's own loader, request handling and ``Pi05Preprocessor``: the blocks the
+    model encodes (``camera_order``, which ``encode_prefix`` iterates) are LeRobot's three;
+    without the request's ``camera_order`` they would be SGLang's four."""
+    from libero_eval.policy import codec
+
+    checkpoint = pi05_checkpoint("lerobot", empty_cameras=1)
+    a = lineage_adapter(checkpoint, api=api, wire_format=wire)
+    body = a.build_request([observation()], "r")
+
+    def blocks(body: dict) -> dict:
+        if api == "sglang_websocket":
+            frame, content_type, route = codec.pack(body), "msgpack", "ws"
+        else:
+            (frame, content_type), route = encoded(body, wire), "http"
+        parsed = sglang_side.call(
+            "pi05_parse",
+            body=frame,
+            content_type=content_type,
+            route=route,
+            checkpoint=str(checkpoint),
+        )
+        assert parsed["config"]["image_keys"] == list(a.layout.camera_keys)  # the duplicate
+        return parsed
+
+    parsed = blocks(body)
+    assert parsed["camera_order"] == LEROBOT_BLOCKS
+    assert {key: parsed["images"][key]["mask"] for key in LEROBOT_BLOCKS} == {
+        "image": True,
+        "image2": True,
+        "empty_camera_0": False,
+    }
+    blank = np.frombuffer(parsed["images"]["empty_camera_0"]["values"], np.float32)
+    assert blank.size == 3 * 224 * 224 and np.all(blank == -1.0)  # LeRobot's -1 padding
+    state = a.normalized_state(observation()).astype(np.float32)
+    assert parsed["full_prompt"] == lerobot_prompt(state, observation().task_language)
+    sent = body["input"]["observation"] if api == "sglang_http" else body
+    del sent["camera_order"]
+    assert blocks(body)["camera_order"] == [*LEROBOT_BLOCKS, "empty_camera_0"]

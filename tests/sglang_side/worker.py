@@ -193,6 +193,9 @@ def pi05_parse(
         "output_format": params.output_format,
         "response_format": response_format,
         "full_prompt": (preprocessor.tokenizer.prompts or [None])[0],
+        # the image blocks the model encodes, in order (Pi05PolicyModel.encode_prefix iterates
+        # this, duplicates included; ``images`` below is a dict)
+        "camera_order": list(batch.metadata["camera_order"]),
         "state": np.asarray(batch.state, dtype=np.float32).tolist(),
         "images": {
             key: {

@@ -6,7 +6,9 @@ statistics (``src/libero_eval/data/stats/pi05_libero_norm_stats.json``) instead 
 
 - ``pi05_libero_lerobot/``: ``config.json`` as LeRobot 0.6.1's ``PI05Config`` saves it for
   LIBERO (``input_features`` ``observation.images.image`` / ``image2`` at 256x256 and an 8-D
-  ``observation.state``; ``chunk_size`` 50), ``policy_preprocessor.json`` with the steps of
+  ``observation.state``; ``chunk_size`` 50; with ``empty_cameras=1`` also
+  ``observation.images.empty_camera_0``, as LeRobot's LIBERO recipe leaves it),
+  ``policy_preprocessor.json`` with the steps of
   ``make_pi05_pre_post_processors`` and the normalizer's safetensors state file.
 - ``pi05_libero_openpi/``: openpi's ``pi05_libero`` converted by
   ``examples/convert_jax_model_to_pytorch.py`` (its ``config.json`` fields, ``assets/``
@@ -40,17 +42,31 @@ NORMALIZER_FILE = "policy_preprocessor_step_2_normalizer_processor.safetensors"
 
 
 def lerobot_config(
-    chunk_size: int = 50, n_action_steps: int = 50, normalization: str = "QUANTILES"
+    chunk_size: int = 50,
+    n_action_steps: int = 50,
+    normalization: str = "QUANTILES",
+    empty_cameras: int = 0,
 ) -> dict:
-    """LeRobot's PI05Config for LIBERO, as ``config.json`` (the fields SGLang and LeRobot read)."""
+    """LeRobot's PI05Config for LIBERO, as ``config.json`` (the fields SGLang and LeRobot read).
+
+    ``empty_cameras`` > 0: trained as LeRobot's π0.5 LIBERO recipe trains
+    (``--policy.empty_cameras=1``, lerobot ``docs/source/pi05.mdx``): ``validate_features``
+    (``configuration_pi05.py``) has added ``observation.images.empty_camera_i`` to
+    ``input_features`` before the config is saved, and ``empty_cameras`` is kept as well."""
+    features = {
+        "observation.images.image": {"type": "VISUAL", "shape": [3, 256, 256]},
+        "observation.images.image2": {"type": "VISUAL", "shape": [3, 256, 256]},
+        "observation.state": {"type": "STATE", "shape": [8]},
+    }
+    for i in range(empty_cameras):  # appended by assignment, at image_resolution
+        features[f"observation.images.empty_camera_{i}"] = {
+            "type": "VISUAL",
+            "shape": [3, 224, 224],
+        }
     return {
         "type": "pi05",
         "n_obs_steps": 1,
-        "input_features": {
-            "observation.images.image": {"type": "VISUAL", "shape": [3, 256, 256]},
-            "observation.images.image2": {"type": "VISUAL", "shape": [3, 256, 256]},
-            "observation.state": {"type": "STATE", "shape": [8]},
-        },
+        "input_features": features,
         "output_features": {"action": {"type": "ACTION", "shape": [7]}},
         "device": "cuda",
         "use_amp": False,
@@ -65,7 +81,7 @@ def lerobot_config(
         "min_period": 0.004,
         "max_period": 4.0,
         "image_resolution": [224, 224],
-        "empty_cameras": 0,
+        "empty_cameras": empty_cameras,
         "tokenizer_max_length": 200,
         "normalization_mapping": norm_map(normalization),
     }

@@ -448,7 +448,8 @@ class Pi05SglangAdapter(Pi05Adapter):
 
     def model_observation(self, obs: Observation) -> dict[str, Any]:
         """SGLang's observation: ``images``, ``image_masks``, ``state`` (and ``tokens``,
-        ``token_masks`` where the client builds the prompt)."""
+        ``token_masks`` where the client builds the prompt; ``camera_order`` where the
+        checkpoint's LeRobot image blocks differ from SGLang's keys, ``Pi05Layout``)."""
         images, masks = self.model_images(obs)
         state: Any = self.model_state(obs)
         if self.json_body:  # PNG for 8-bit images; float images as exact lists
@@ -458,6 +459,8 @@ class Pi05SglangAdapter(Pi05Adapter):
             }
             state = state.tolist()
         observation: dict[str, Any] = {"images": images, "image_masks": masks, "state": state}
+        if self.layout.camera_order is not None:  # LeRobot's image blocks, not SGLang's keys
+            observation["camera_order"] = list(self.layout.camera_order)
         tokens = self.prompt_tokens(obs)
         if tokens is not None:
             as_wire = (lambda a: a.tolist()) if self.json_body else (lambda a: a)

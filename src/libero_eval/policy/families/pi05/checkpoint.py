@@ -15,6 +15,11 @@ Two lineages are laid out differently:
   ``VISUAL`` features' last name part (``observation.images.image`` -> ``image``), the state
   width is the ``STATE`` feature's shape (8 for LIBERO), the chunk is ``chunk_size``; the
   statistics and their modes are the normalizer step's (``policy_preprocessor.json``).
+  SGLang adds ``empty_camera_i`` for ``empty_cameras`` even when ``input_features`` already
+  lists it (LeRobot's ``validate_features`` writes it there, and a trained checkpoint keeps
+  both), so its keys can name a camera twice where LeRobot feeds each image feature once,
+  present cameras first: :attr:`Pi05Layout.camera_order` is LeRobot's list then, and the client
+  sends it as SGLang's ``camera_order``.
 - **openpi** (openpi's ``examples/convert_jax_model_to_pytorch.py``, lines 544-552: a
   ``config.json`` of ``action_dim``, ``action_horizon``, ``paligemma_variant``,
   ``action_expert_variant``, ``precision``; the statistics under ``assets/<asset_id>/``).
@@ -76,6 +81,8 @@ class Pi05Layout:
     lineage: Lineage
     camera_keys: tuple[str, ...]  # SGLang's image_keys, in order
     camera_views: dict[str, View | None]  # key -> LIBERO view; None = blank, mask False
+    # LeRobot's image blocks, in its order, where they differ from camera_keys (else None):
+    # the request's camera_order
     state_dim: int  # the widest state the preprocessor accepts
     max_state_dim: int  # LeRobot's max_state_dim (its <= 0.4.4 prompt padding)
     action_horizon: int  # rows per answer (the model's noise shape)
@@ -84,6 +91,7 @@ class Pi05Layout:
     output_action_dim: int
     max_token_len: int
     source: Path | None = None
+    camera_order: tuple[str, ...] | None = None
     stats_path: Path | None = None  # the checkpoint's statistics (file or directory)
     derived: dict[str, str] = field(default_factory=dict)  # value -> where it was read
 
@@ -145,6 +153,16 @@ def _lerobot_cameras(
                 "(or wrist)"
             )
     return keys, state_dim
+
+
+def _lerobot_order(keys: list[str], views: dict[str, View | None]) -> tuple[str, ...] | None:
+    """The image blocks LeRobot feeds, where SGLang's ``keys`` differ from them: each VISUAL
+    feature once (``input_features`` is a dict and ``PI05Config.validate_features`` adds
+    ``empty_camera_i`` by assignment), the cameras in the batch first and the missing ones
+    (blank, mask False) after them (``PI05Policy._preprocess_images``)."""
+    unique = list(dict.fromkeys(keys))
+    fed = [k for k in unique if views[k] is not None] + [k for k in unique if views[k] is None]
+    return None if fed == keys else tuple(fed)
 
 
 def _openpi_stats(directory: Path) -> Path | None:
@@ -230,6 +248,7 @@ def read_checkpoint(
         lineage=lineage,
         camera_keys=tuple(keys),
         camera_views=views,
+        camera_order=_lerobot_order(keys, views) if lineage == "lerobot" else None,
         state_dim=state_dim,
         max_state_dim=_int(payload, "max_state_dim", d["state_dim"], config_path),
         action_horizon=horizon,
