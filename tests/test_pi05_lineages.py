@@ -318,3 +318,22 @@ def test_sglang_encodes_lerobots_three_image_blocks_not_four(sglang_side, api, w
     sent = body["input"]["observation"] if api == "sglang_http" else body
     del sent["camera_order"]
     assert blocks(body)["camera_order"] == [*LEROBOT_BLOCKS, "empty_camera_0"]
+
+
+def test_the_reference_server_wants_lerobots_image_blocks():
+    """The self-test's server, standing in for such a checkpoint, refuses a request without
+    ``camera_order`` (SGLang would encode four blocks) or with another order."""
+    checkpoint = pi05_checkpoint("lerobot", empty_cameras=1)
+    model = reference.Pi05Model.load(checkpoint)
+    body = lineage_adapter(checkpoint).build_request([observation()], "r")
+    assert reference.parse_request(body, model, websocket=False)
+    sent = body["input"]["observation"]
+    sent["camera_order"] = ["image2", "image", "empty_camera_0"]
+    with pytest.raises(reference.Pi05RequestError, match=r"image blocks are \['image', 'image2'"):
+        reference.parse_request(body, model, websocket=False)
+    del sent["camera_order"]
+    with pytest.raises(reference.Pi05RequestError, match="empty camera twice"):
+        reference.parse_request(body, model, websocket=False)
+    plain = reference.Pi05Model.load(pi05_checkpoint("lerobot"))
+    ws = lineage_adapter(pi05_checkpoint("lerobot"), api="sglang_websocket")
+    assert reference.parse_request(ws.build_request([observation()], "r"), plain, websocket=True)

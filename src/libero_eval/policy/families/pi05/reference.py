@@ -6,6 +6,8 @@ Requests are read as SGLang's ``protocol.py`` reads them (``_action_request_to_o
 of the ``/openpi/policy`` websocket. One observation per request, as ``Pi05Preprocessor``
 requires. The server then acts as the model would expect its inputs, strictly:
 
+- the image blocks must be the checkpoint's: ``camera_order`` where SGLang's keys differ from
+  LeRobot's (``Pi05Layout.camera_order``), else none or SGLang's own;
 - the state must have the model's state dim (a client that forgets to pad fails), its
   padding must be zeros, and with privileged state on, the state de-normalized with the
   MODEL's statistics (``server.reference.norm_stats_path``) must be the robot's own state
@@ -158,6 +160,14 @@ def parse_request(payload: Any, model: Pi05Model, *, websocket: bool) -> Pi05Req
             f"unknown image key(s) {unknown}; the model's are {keys} ({layout.describe()}). "
             "SGLang would ignore them and feed the model blank images: the client's camera "
             "names do not follow the checkpoint's config.json"
+        )
+    order = observation.get("camera_order")
+    wanted = list(layout.camera_order or keys)
+    if (order is None and layout.camera_order) or (order is not None and list(order) != wanted):
+        raise Pi05RequestError(
+            f"camera_order is {order!r}; the model's image blocks are {wanted} "
+            f"({layout.describe()}). Without it SGLang encodes its image_keys {keys}, an empty "
+            "camera twice where LeRobot fed it once"
         )
     masks = observation.get("image_masks") or {}
     arrays = {key: _image(value, key) for key, value in images.items() if value is not None}
