@@ -23,7 +23,8 @@ the checkpoint decides how (``checkpoint.py`` beside it reads its ``config.json`
 does; ``docs/pi05.md`` cites every value):
 
 - **LeRobot lineage**: the checkpoint's camera names (``image`` = agentview, ``image2`` =
-  wrist), each frame rotated 180 degrees (LeRobot's ``LiberoProcessorStep``) and sent as
+  wrist; ``camera_order`` with LeRobot's image blocks where SGLang would count an empty
+  camera twice), each frame rotated 180 degrees (LeRobot's ``LiberoProcessorStep``) and sent as
   float32 in [0, 1] at its rendered size, so SGLang's resize is LeRobot's bilinear resize of
   float images exactly; the 8-D state normalized by the checkpoint's normalizer, unpadded;
   SGLang builds the prompt ``"Task: ..., State: ...;\nAction: "`` as LeRobot >= 0.5 does.
