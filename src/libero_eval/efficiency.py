@@ -307,8 +307,10 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
         return Verdict(
             "slowed_server",
             f"{head}: mean latency {latency:.2f} s vs {predicted:.2f} s the capacity probe "
-            "predicts at this batch size; the server is slowed, likely by CPU contention: "
-            "lower server.cpu_threads or run fewer envs per node",
+            "predicts at this batch size; the server is slowed, likely by CPU contention with "
+            "the envs: give each GPU more cores or run fewer envs per node, and check "
+            "server.cpu_threads (on a 16-core H200, 4 did best and SGLang's own 16 starved "
+            "the node) and rollout.env_niceness (the envs yield to the server at 10)",
         )
     if figures["batch_fill"] < LOW_FILL and figures["envs_stepping"] >= figures["envs_waiting"]:
         return Verdict(
