@@ -34,7 +34,7 @@ def upgrade(policy: dict[str, Any]) -> list[str]:
     old_layout = [key for key in settings_schema.fields("policy", "cosmos3") if key in policy]
     if not old_layout:
         return []
-    family = policy.get("family", settings_schema.defaults("policy")["family"])
+    family = policy.get("family", settings_schema.default("policy", "family"))
     if family != "cosmos3":
         raise ValueError(
             f"{', '.join('policy.' + key for key in old_layout)}: Cosmos3 setting(s), but "
