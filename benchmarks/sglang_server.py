@@ -11,9 +11,13 @@ for the config's `policy.family` from random 256x256 camera frames and sent by i
 Cosmos3 takes B observations in one request (one prompt); π0.5 takes one observation per
 request, so batch B is B requests in flight at once, which SGLang merges up to
 `--batching-max-size`. Each batch size is sent once untimed (CUDA graphs, allocator), then
-`--reps` times timed. GPU memory comes from NVML (`pynvml`, where installed): the whole GPU,
-and the server's own processes. Teardown is `ManagedServer.stop()`; afterwards the script
-counts the server's processes still alive and reads the GPU memory again.
+`--reps` times timed. `--saturate N` then keeps N requesters busy for `--saturate-s`
+seconds, each sending again as soon as its answer is back (π0.5: one observation each;
+Cosmos3: a batch of the server's max batch each): the server's saturated rate, as the
+workflow's envs would see it if they took no time to step. GPU memory comes from NVML
+(`pynvml`, where installed): the whole GPU, and the server's own processes. Teardown is
+`ManagedServer.stop()`; afterwards the script counts the server's processes still alive and
+reads the GPU memory again.
 Prints a Markdown table; `--json` keeps every figure.
 """
 
@@ -123,6 +127,8 @@ def server_settings(config: dict[str, Any], args: argparse.Namespace) -> ServerS
         sglang["command"] = args.command
     if args.attention_backend:
         sglang["attention_backend"] = args.attention_backend
+    if args.extra_arg:
+        sglang["extra_args"] = [*sglang.get("extra_args", []), *args.extra_arg]
     keep = ("host", "port", "health_timeout_s", "teardown_grace_s", "extra_env")
     data = {key: server[key] for key in keep if key in server}
     return ServerSettings.from_dict({"backend": "sglang", "slot": 0, **data, "sglang": sglang})
@@ -155,13 +161,50 @@ def time_batch(family: str, adapter: Any, url: str, batch: int, rng: np.random.G
     return seconds
 
 
+def saturate(
+    family: str, adapter: Any, url: str, requesters: int, seconds: float, batch: int
+) -> dict[str, Any]:
+    """Closed loop: `requesters` threads each send, wait for the answer and send again, for
+    `seconds`; observations/s over the answers after the first `seconds` / 5 (warm-up)."""
+    rng = np.random.default_rng(1)
+    per_request = batch if family == "cosmos3" else 1
+    payloads = [
+        adapter.build_request([observation(rng) for _ in range(per_request)], f"sat{i}")
+        for i in range(requesters)
+    ]
+    answers: list[float] = []
+    lock = threading.Lock()
+    started = time.perf_counter()
+    deadline = started + seconds
+
+    def loop(i: int) -> None:
+        client = HttpConnection(url, timeout_s=600, max_retries=0, wire_format="msgpack")
+        while time.perf_counter() < deadline:
+            actions = adapter.parse_response(client.infer(payloads[i]), per_request)
+            assert np.isfinite(actions).all()
+            with lock:
+                answers.append(time.perf_counter())
+
+    with futures.ThreadPoolExecutor(requesters) as pool:
+        list(pool.map(loop, range(requesters)))
+    warm = started + seconds / 5
+    counted = [t for t in answers if t >= warm]
+    span = (max(counted) - warm) if counted else 0.0
+    return {
+        "requesters": requesters,
+        "observations_per_request": per_request,
+        "seconds": round(span, 1),
+        "requests": len(counted),
+        "obs_per_s": round(len(counted) * per_request / span, 2) if span > 0 else None,
+    }
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     config = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
     family = config["policy"].get("family", "cosmos3")
     policy = dict(config["policy"])
     if family == "cosmos3":
-        cosmos3 = policy["cosmos3"]
-        policy = {**cosmos3, "action_stats_path": str(REPO_ROOT / cosmos3["action_stats_path"])}
+        policy = dict(policy["cosmos3"])  # its action_stats_path: package data or a path
     else:  # the served checkpoint decides the request layout (policy.families.pi05.checkpoint)
         policy["pi05"] = dict(policy["pi05"], checkpoint=str(args.model_path))
     adapter = make_adapter(family, policy)
@@ -198,6 +241,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             )
             print("BATCH " + json.dumps(rows[-1]), flush=True)
         result["batches"] = rows
+        if args.saturate:
+            result["saturated"] = saturate(
+                family, adapter, server.url, args.saturate, args.saturate_s, max_batch
+            )
+            print("SATURATED " + json.dumps(result["saturated"]), flush=True)
         result["gpu_peak_mib"] = gpu.peak_mib
         result["server_process_peak_mib"] = round(gpu.process_peak_mib)
         members = [server.pid, *(p.pid for p in server.track_descendants())]
@@ -242,6 +290,14 @@ def markdown(result: dict[str, Any]) -> str:
             lines.append(
                 f"| {row['batch']} | {row['first_s']} | {row['median_s']} | {row['obs_per_s']} |"
             )
+    if "saturated" in result:
+        sat = result["saturated"]
+        lines += [
+            "",
+            f"saturated: {sat['requesters']} requesters x {sat['observations_per_request']} "
+            f"observations, {sat['requests']} requests in {sat['seconds']} s: "
+            f"{sat['obs_per_s']} observations/s",
+        ]
     return "\n".join(lines)
 
 
@@ -256,6 +312,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16, 32]
     )
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument(
+        "--extra-arg", action="append", default=[], help="one more `sglang serve` argument"
+    )
+    parser.add_argument("--saturate", type=int, default=0, help="requesters of the closed loop")
+    parser.add_argument("--saturate-s", type=float, default=20.0)
     parser.add_argument("--log", help="the server's log file (default: this stdout)")
     parser.add_argument("--json", type=Path)
     return parser.parse_args(argv)

@@ -2,6 +2,7 @@
 settings refactor: a refactor of how settings are read must not move any run's episode store
 (``results/<run>/episodes/<fingerprint>``)."""
 
+import copy
 from pathlib import Path
 
 import pytest
@@ -21,11 +22,19 @@ PINNED = {
     "selftest.yaml": "2e91d42634dd",
 }
 # π0.5 through SGLang: the checkpoint (server.sglang.model_path) decides the layout, so these
-# take a stand-in checkpoint of the config's lineage at a fixed path.
+# take a stand-in checkpoint of the config's lineage at a fixed path. The last value is the
+# fingerprint without server.sglang.pipeline_config (pinned before issue 25 added it: an empty
+# pipeline_config moves no store); the shipped one pads prompts to buckets, which changes the
+# prefix's shapes, so its runs have their own store.
 PINNED_WITH_CHECKPOINT = {
-    "libero_pi05_openpi_sglang.yaml": ("openpi", {}, "52ea1571a9fd"),
+    "libero_pi05_openpi_sglang.yaml": ("openpi", {}, "bbed8ba0a958", "52ea1571a9fd"),
     # its policy_preprocessor.json normalizes with MEAN_STD (policy.pi05.normalization zscore)
-    "libero_pi05_sglang.yaml": ("lerobot", {"normalization": "MEAN_STD"}, "a282d2aafb51"),
+    "libero_pi05_sglang.yaml": (
+        "lerobot",
+        {"normalization": "MEAN_STD"},
+        "0c22f5530e6a",
+        "a282d2aafb51",
+    ),
 }
 
 
@@ -55,9 +64,12 @@ def test_shipped_config_fingerprint_unchanged(name, monkeypatch):
 @pytest.mark.parametrize("name", sorted(PINNED_WITH_CHECKPOINT))
 def test_shipped_pi05_sglang_config_fingerprint_unchanged(name, monkeypatch):
     monkeypatch.chdir(REPO)
-    lineage, layout, expected = PINNED_WITH_CHECKPOINT[name]
+    lineage, layout, expected, without_pipeline_config = PINNED_WITH_CHECKPOINT[name]
     write = {"lerobot": pi05_layouts.write_lerobot, "openpi": pi05_layouts.write_openpi}[lineage]
     checkpoint = pi05_layouts.write_tokenizer_standins(write(STANDIN_ROOT / lineage, **layout))
     config = yaml.safe_load((REPO / "config" / name).read_text())
     config["server"]["sglang"]["model_path"] = str(checkpoint)
-    assert workflow_fingerprint(config) == expected
+    assert config["server"]["sglang"]["pipeline_config"]
+    assert workflow_fingerprint(copy.deepcopy(config)) == expected
+    config["server"]["sglang"]["pipeline_config"] = {}
+    assert workflow_fingerprint(config) == without_pipeline_config

@@ -27,6 +27,7 @@ from libero_eval.serve.command import (
     THREAD_VARIABLES,
     build_command,
     build_env,
+    pipeline_config_file,
     resolve_port,
     server_threads,
     usable_cpus,
@@ -201,6 +202,23 @@ def test_settings_ignore_the_section_of_the_other_backend():
             {
                 "backend": "sglang",
                 "slot": 0,
+                "sglang": {"model_path": "/m", "extra_args": ["--pipeline-config-path", "p.json"]},
+            },
+            r"server\.sglang\.extra_args: '--pipeline-config-path': write the pipeline config's "
+            r"fields in server\.sglang\.pipeline_config instead",
+        ),
+        (
+            {
+                "backend": "sglang",
+                "slot": 0,
+                "sglang": {"model_path": "/m", "pipeline_config": [1]},
+            },
+            r"server\.sglang\.pipeline_config: \[1\] is not of type 'object'",
+        ),
+        (
+            {
+                "backend": "sglang",
+                "slot": 0,
                 "sglang": {"model_path": "/m", "performance_mode": "x"},
             },
             r"server\.sglang\.performance_mode: 'x' is not one of \[None, 'auto'",
@@ -321,6 +339,7 @@ def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
             "attention_backend": "flash",
             "performance_mode": "memory",
             "gpu_memory_cap_gib": 100,
+            "pipeline_config": {"action_cuda_graph_max_entries": 32},
             "extra_args": ["--seed", "1140"],
         },
     }
@@ -358,9 +377,22 @@ def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
         "flash",
         "--performance-mode",
         "memory",
+        "--pipeline-config-path",
+        argv[-3],
         "--seed",
         "1140",
     ]
+    # the pipeline config's fields reach SGLang as the JSON file it reads
+    assert json.loads(Path(argv[-3]).read_text()) == {"action_cuda_graph_max_entries": 32}
+
+
+def test_pipeline_config_file_is_named_by_its_content(tmp_path):
+    first = pipeline_config_file({"b": [32, 64], "a": 1}, tmp_path)
+    assert pipeline_config_file({"a": 1, "b": [32, 64]}, tmp_path) == first
+    other = pipeline_config_file({"a": 2}, tmp_path)
+    assert other != first
+    assert json.loads(first.read_text()) == {"a": 1, "b": [32, 64]}
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([first.name, other.name])
 
 
 def test_servers_started_together_get_their_own_internal_ports(tmp_path):

@@ -100,6 +100,22 @@ def test_pi05_configs_validate_with_the_openpi_protocol(path):
             "server.sglang.model_path",
         ),
         (SGLANG_CONFIG, {"rollout": {"send_privileged_state": True}}, "send_privileged_state"),
+        (
+            OPENPI_SGLANG_CONFIG,
+            {"server": {"sglang": {"pipeline_config": {"prompt_token_buckets": [32, 256]}}}},
+            r"server\.sglang\.pipeline_config\.prompt_token_buckets: 256 exceeds the "
+            r"checkpoint's max_token_len 200",
+        ),
+        (
+            SGLANG_CONFIG,
+            {"server": {"sglang": {"pipeline_config": {"prompt_token_buckets": [64, 32]}}}},
+            r"prompt_token_buckets: must be strictly increasing",
+        ),
+        (
+            SGLANG_CONFIG,
+            {"server": {"sglang": {"pipeline_config": {"action_cuda_graph_max_entries": -1}}}},
+            r"pipeline_config\.action_cuda_graph_max_entries: expected an integer >= 0",
+        ),
     ],
     ids=[
         "cosmos3-field-in-pi05",
@@ -111,6 +127,9 @@ def test_pi05_configs_validate_with_the_openpi_protocol(path):
         "missing-stats",
         "missing-model",
         "privileged-state-to-sglang",
+        "bucket-beyond-max-token-len",
+        "buckets-not-increasing",
+        "negative-graph-capacity",
     ],
 )
 def test_bad_pi05_settings_name_the_field_and_the_fix(path, sections, message):

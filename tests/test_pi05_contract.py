@@ -182,3 +182,23 @@ def test_sglang_serve_command_for_pi05_passes_sglangs_own_parser(sglang_side):
     parsed = seen["parsed"]
     assert (parsed["pipeline_class_name"], parsed["batching_max_size"]) == ("Pi05Pipeline", 16)
     assert (parsed["host"], parsed["port"], parsed["num_gpus"]) == ("127.0.0.1", 30001, 1)
+
+
+@pytest.mark.parametrize("name", ["libero_pi05_openpi_sglang.yaml", "libero_pi05_sglang.yaml"])
+def test_shipped_pipeline_config_is_read_by_sglangs_own_pi05_config(sglang_side, name):
+    """The shipped configs' ``server.sglang.pipeline_config`` reaches SGLang as a file its
+    parser accepts, and SGLang's Pi05PipelineConfig takes every field with its value."""
+    from libero_eval.serve.command import build_command
+    from libero_eval.serve.settings import ServerSettings
+
+    shipped = yaml.safe_load((REPO_ROOT / "config" / name).read_text())["server"]["sglang"]
+    settings = ServerSettings.from_dict(
+        {"backend": "sglang", "slot": 0, "port": 30001, "sglang": shipped}
+    )
+    argv = build_command(settings)
+    path = argv[argv.index("--pipeline-config-path") + 1]
+    seen = sglang_side.call("serve_args", argv=argv[2:])
+    assert seen["unknown"] == [] and seen["parsed"]["pipeline_config_path"] == path
+    loaded = sglang_side.call("pi05_pipeline_config", path=path)
+    assert set(shipped["pipeline_config"]) <= set(loaded["fields"])
+    assert loaded["values"] == shipped["pipeline_config"]

@@ -309,11 +309,14 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
         return {"backend": "openpi", "command": openpi["command"], "cwd": openpi["cwd"]}
     sglang = server["sglang"]
     model_path = sglang["model_path"]
-    return {
+    part = {
         "backend": "sglang",
         "model_path": str(Path(model_path).resolve()) if Path(model_path).exists() else model_path,
         "pipeline_class_name": sglang["pipeline_class_name"],
     }
+    if sglang.get("pipeline_config"):  # π0.5's prompt buckets change the prefix's shapes
+        part["pipeline_config"] = sglang["pipeline_config"]
+    return part
 
 
 def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:

@@ -310,6 +310,26 @@ def serve_args(argv: list[str]) -> dict[str, Any]:
     }
 
 
+def pi05_pipeline_config(path: str) -> dict[str, Any]:
+    """The JSON file of ``--pipeline-config-path`` loaded by SGLang's own Pi05PipelineConfig
+    (``load_from_json``, then the CUDA-graph checks it runs at start): its field names and the
+    values it took."""
+    from sglang.multimodal_gen.registry import get_pipeline_config_classes
+
+    config = get_pipeline_config_classes("Pi05Pipeline")[0]()
+    config.load_from_json(path)
+    config.check_pipeline_config()
+    names = [f.name for f in dataclasses.fields(config)]
+    return {
+        "fields": names,
+        "values": {
+            name: getattr(config, name)
+            for name in json.loads(Path(path).read_text())
+            if name in names
+        },
+    }
+
+
 # --- openpi-client ---------------------------------------------------------------------------
 
 
@@ -355,6 +375,7 @@ OPS = {
         "pi05_error_frame",
         "pi05_metadata",
         "serve_args",
+        "pi05_pipeline_config",
         "openpi_resize",
         "openpi_unpack",
         "openpi_pack_actions",

@@ -4,8 +4,11 @@
 
 Each line: time, the GPU's used MiB and utilization %, and the GPU memory of the SGLang
 server's processes (command line mentions sglang) and of every other process holding the
-GPU (the env workers' EGL contexts), with their counts. ``--summary OUT.jsonl`` prints the
-peaks and the mean utilization.
+GPU (the env workers' EGL contexts), with their counts. With ``--cpu`` each line also has
+where the node's CPU went since the last line, in cores: ``cpu_busy`` (all processes, from
+/proc/stat), ``cpu_server``, ``cpu_envs`` (processes named ``libero-env-*``), ``cpu_other``,
+the server's three busiest threads (``server_top_threads``: name and cores) and the mean
+core clock (``mhz``). ``--summary OUT.jsonl`` prints the peaks and the means while served.
 """
 
 from __future__ import annotations
@@ -48,13 +51,91 @@ def _kind(pid: int) -> str:
     return "server" if any(is_server_command(line) for line in lines) else "renderer"
 
 
-def record(out: Path, period_s: float) -> None:
+class CpuSampler:
+    """CPU seconds per process kind between two calls, in cores (CPU seconds / wall seconds)."""
+
+    def __init__(self) -> None:
+        self.kinds: dict[int, str] = {}
+        self.last: dict[int, float] = {}
+        self.last_threads: dict[tuple[int, int], float] = {}
+        self.t = time.monotonic()
+        psutil.cpu_times_percent(interval=None)
+        self.busy0 = self._busy_seconds()
+
+    @staticmethod
+    def _busy_seconds() -> float:
+        times = psutil.cpu_times()
+        return sum(times) - times.idle - getattr(times, "iowait", 0.0)
+
+    def _kind_of(self, process: psutil.Process) -> str:
+        pid = process.pid
+        if process.name().startswith("libero-env"):  # named by the worker after it starts
+            return "envs"
+        if pid not in self.kinds:
+            self.kinds[pid] = "server" if _kind(pid) == "server" else "other"
+        return self.kinds[pid]
+
+    def sample(self) -> dict:
+        now = time.monotonic()
+        wall = max(now - self.t, 1e-6)
+        self.t = now
+        busy = self._busy_seconds()
+        out = {
+            "cpu_busy": round((busy - self.busy0) / wall, 2),
+            "cpu_server": 0.0,
+            "cpu_envs": 0.0,
+            "cpu_other": 0.0,
+        }
+        self.busy0 = busy
+        seen: dict[int, float] = {}
+        threads: list[tuple[float, int, int]] = []
+        for process in psutil.process_iter():
+            try:
+                with process.oneshot():
+                    times = process.cpu_times()
+                    total = times.user + times.system
+                    kind = self._kind_of(process)
+                    if kind == "server":
+                        for thread in process.threads():
+                            key = (process.pid, thread.id)
+                            spent = thread.user_time + thread.system_time
+                            delta = spent - self.last_threads.get(key, spent)
+                            self.last_threads[key] = spent
+                            if delta > 0:
+                                threads.append((delta / wall, process.pid, thread.id))
+            except psutil.Error:
+                continue
+            seen[process.pid] = total
+            delta = total - self.last.get(process.pid, total)
+            out[f"cpu_{kind}"] += delta / wall
+        self.last = seen
+        for key in ("cpu_server", "cpu_envs", "cpu_other"):
+            out[key] = round(out[key], 2)
+        out["server_top_threads"] = [
+            [_thread_name(pid, tid), round(cores, 2)]
+            for cores, pid, tid in sorted(threads, reverse=True)[:3]
+        ]
+        freq = psutil.cpu_freq()
+        out["mhz"] = round(freq.current) if freq else None
+        return out
+
+
+def _thread_name(pid: int, tid: int) -> str:
+    try:
+        comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+    except OSError:
+        comm = "?"
+    return f"{pid}/{tid}:{comm}"
+
+
+def record(out: Path, period_s: float, cpu: bool = False) -> None:
     import pynvml
 
     pynvml.nvmlInit()
     handle = pynvml.nvmlDeviceGetHandleByIndex(0)
     stop = []
     signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    sampler = CpuSampler() if cpu else None
     with out.open("a", encoding="utf-8") as sink:
         while not stop:
             sample = {
@@ -80,6 +161,8 @@ def record(out: Path, period_s: float) -> None:
                         continue
                     sample[f"{kind}_mib"] += round((proc.usedGpuMemory or 0) / 2**20)
                     sample[f"{kind}_procs"] += 1
+            if sampler is not None:
+                sample.update(sampler.sample())
             sink.write(json.dumps(sample) + "\n")
             sink.flush()
             time.sleep(period_s)
@@ -98,6 +181,11 @@ def summary(path: Path) -> dict:
         if busy
         else None,
         "last_used_mib": rows[-1]["used_mib"] if rows else None,
+        **{
+            f"mean_{key}_while_served": round(sum(r[key] for r in busy) / len(busy), 2)
+            for key in ("cpu_busy", "cpu_server", "cpu_envs", "cpu_other", "mhz")
+            if busy and all(r.get(key) is not None for r in busy)
+        },
     }
 
 
@@ -106,11 +194,12 @@ def main() -> int:
     parser.add_argument("out", type=Path)
     parser.add_argument("--period-s", type=float, default=1.0)
     parser.add_argument("--summary", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="also record CPU use by kind")
     args = parser.parse_args()
     if args.summary:
         print(json.dumps(summary(args.out)))
     else:
-        record(args.out, args.period_s)
+        record(args.out, args.period_s, cpu=args.cpu)
     return 0
 
 

@@ -11,7 +11,9 @@
 #                                     (pi05: the openpi lineage; pi05lr: the LeRobot lineage)
 #   wf-FAMILY:ENVS                    snakemake --cores 40 with ENVS envs on one slot (GPU 0)
 #   bench-FAMILY                      benchmarks/sglang_server.py: load, latency vs batch,
-#                                     memory, teardown through the project's launcher
+#                                     memory, teardown through the project's launcher; BENCH_BMS,
+#                                     BATCHES, REPS, PIPE, SATURATE (requesters of a closed
+#                                     loop, SATURATE_S seconds), TAG
 #   probe-render:ENVS                 tools/gpu/render_probe.py: ENVS real LIBERO envs render
 #                                     on GPU 0; their GL renderer and GPU memory
 # Setup runs first, once per machine: unpack the bundle into /tmp/lg, check the imports.
@@ -108,7 +110,7 @@ workflow() {  # family envs
   # count, the plan and max_steps: the shipped config's server and rollout defaults stay.
   # PLAN=TASKS:TRIALS (TASKS "all" or "0,1"; default all:ceil(envs/5)), MAX_STEPS (default
   # 64 Cosmos3, 60 π0.5), THREADS (server.cpu_threads, for a sweep), BMS (batching_max_size),
-  # NICE (rollout.env_niceness), TAG (run name suffix). CONFIG overrides the family's shipped config.
+  # NICE (rollout.env_niceness), PIPE (SGLang pipeline-config JSON), TAG (run name suffix). CONFIG overrides the family's shipped config.
   local family=$1 envs=$2 dir
   local run="h200_$1_e$2${TAG:+_$TAG}"
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
@@ -136,8 +138,12 @@ EOF
   if [ -n "${THREADS:-}" ]; then printf 'server:\n  cpu_threads: %s\n' "$THREADS" > /tmp/ov_t_$run.yaml; extra+=(/tmp/ov_t_$run.yaml); fi
   if [ -n "${BMS:-}" ]; then printf 'server:\n  sglang:\n    batching_max_size: %s\n' "$BMS" > /tmp/ov_b_$run.yaml; extra+=(/tmp/ov_b_$run.yaml); fi
   if [ -n "${NICE:-}" ]; then printf 'rollout:\n  env_niceness: %s\n' "$NICE" > /tmp/ov_n_$run.yaml; extra+=(/tmp/ov_n_$run.yaml); fi
-  say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}"
-  python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 &
+  if [ -n "${PIPE:-}" ]; then  # SGLang pipeline-config fields (JSON), through --pipeline-config-path
+    echo "$PIPE" > /tmp/pipe_$run.json
+    printf 'server:\n  sglang:\n    extra_args: [--pipeline-config-path, /tmp/pipe_%s.json]\n' "$run" > /tmp/ov_p_$run.yaml; extra+=(/tmp/ov_p_$run.yaml)
+  fi
+  say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}"
+  python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 --cpu &
   local mon=$!
   local ts=$(date +%s.%N)
   timeout -k 10 $(( $(left) - 30 )) python3 -m snakemake --cores 40 --scheduler greedy --rerun-incomplete \
@@ -152,6 +158,7 @@ EOF
   mkdir -p "$R/$run"
   cp -r results/$run/summary results/$run/shards results/$run/servers logs/$run "$R/$run/" 2>/dev/null
   grep -hE "server (launch|ready|stopped)|capacity|efficiency|summary" logs/$run/*.log 2>/dev/null | cut -c1-300
+  grep -hE "memory config|Captured VLA|graph capacity reached" logs/$run/serve/*.log 2>/dev/null | cut -c1-160
   python3 benchmarks/workflow_run.py "$R/$run" 2>&1 | tail -12
   tail -3 "$R/snakemake_$run.log"
   pack
@@ -160,11 +167,18 @@ EOF
 bench() {  # family
   local family=$1 dir
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
-  say "[bench $family] benchmarks/sglang_server.py, batching_max_size ${BENCH_BMS:-32}"
+  local name="bench_${family}${TAG:+_$TAG}" extra=()
+  if [ -n "${PIPE:-}" ]; then
+    echo "$PIPE" > /tmp/pipe_$name.json
+    extra+=(--extra-arg=--pipeline-config-path --extra-arg=/tmp/pipe_$name.json)
+  fi
+  [ -n "${SATURATE:-}" ] && extra+=(--saturate "$SATURATE" --saturate-s "${SATURATE_S:-20}")
+  say "[$name] benchmarks/sglang_server.py, batching_max_size ${BENCH_BMS:-32}, pipeline ${PIPE:-default}, saturate ${SATURATE:-no}"
   timeout $(( $(left) - 10 )) python3 benchmarks/sglang_server.py --config "$(config_of $family)" \
     --model-path $dir --command $L/bin/sglang --attention-backend torch_sdpa \
-    --batching-max-size ${BENCH_BMS:-32} --batches ${BATCHES:-1,8,16,32} --reps ${REPS:-2} \
-    --log "$R/bench_${family}_serve.log" --json "$R/bench_$family.json" 2>&1 | grep -v "Warning\|warn(" | tail -20
+    --batching-max-size ${BENCH_BMS:-32} --batches ${BATCHES:-1,8,16,32} --reps ${REPS:-2} "${extra[@]}" \
+    --log "$R/${name}_serve.log" --json "$R/$name.json" 2>&1 | grep -v "Warning\|warn(" | tail -20
+  grep -hE "memory config|Captured VLA|graph capacity reached" "$R/${name}_serve.log" | cut -c1-160
   say "[bench $family] done; GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
   pack
 }

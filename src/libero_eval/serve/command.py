@@ -4,8 +4,8 @@ The SGLang flags emitted here all exist in SGLang 0.5.23's
 `sglang/multimodal_gen/runtime/server_args/server_args.py` (`--model-path`,
 `--pipeline-class-name`, `--attention-backend`, `--num-gpus`, `--tp-size`,
 `--batching-max-size`, `--host`, `--port`, `--master-port`, `--scheduler-port`,
-`--input-save-path`); `serve` is the subcommand of the `sglang` console script
-(`sglang = sglang.cli.main:main`, see `sglang/cli/main.py`).
+`--input-save-path`, `--pipeline-config-path`); `serve` is the subcommand of the `sglang`
+console script (`sglang = sglang.cli.main:main`, see `sglang/cli/main.py`).
 
 Besides its HTTP port P, `sglang serve` binds P + 1 (its ZMQ broker), a scheduler port (5555 +
 random 0-100) and a torch.distributed master port (30005), checked free when it parses its
@@ -16,11 +16,16 @@ and the second dies with EADDRINUSE, so `resolve_port` gives every server its ow
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import socket
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from libero_eval.serve.settings import SGLANG_MEMORY_CAP_VARIABLE, ServerSettings
 
@@ -94,7 +99,25 @@ def build_command(settings: ServerSettings) -> list[str]:
         cmd += ["--attention-backend", sgl.attention_backend]
     if sgl.performance_mode is not None:
         cmd += ["--performance-mode", sgl.performance_mode]
+    if sgl.pipeline_config:
+        cmd += ["--pipeline-config-path", str(pipeline_config_file(sgl.pipeline_config))]
     return cmd + list(sgl.extra_args)
+
+
+def pipeline_config_file(fields: Mapping[str, Any], directory: Path | None = None) -> Path:
+    """`server.sglang.pipeline_config` as the JSON file SGLang reads (`--pipeline-config-path`),
+    named by its content in `directory` (default: a folder in the node's temp dir), so every
+    server of the same settings reads the same file and a rerun rewrites nothing."""
+    text = json.dumps(dict(fields), sort_keys=True, indent=1) + "\n"
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder = directory or Path(tempfile.gettempdir()) / "libero_eval_sglang"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"pipeline_config_{digest}.json"
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        partial.write_text(text, encoding="utf-8")
+        partial.replace(path)
+    return path
 
 
 def _merge_no_proxy(current: str | None, hosts: Sequence[str]) -> str:

@@ -35,6 +35,8 @@ SGLANG_MANAGED_FLAGS = (
     "--mode",
     "--master-port",
     "--scheduler-port",
+    "--pipeline-config-path",
+    "--pipeline-config",
 )
 # SGLang 0.5.23's diffusion server has no memory-fraction flag (--mem-fraction-static is the
 # LLM server's). This variable caps its CUDA allocator (torch.cuda.set_per_process_memory_fraction
@@ -178,6 +180,8 @@ class SglangServerSettings:
     attention_backend: str | None
     performance_mode: str | None  # --performance-mode; None keeps SGLang's (auto)
     gpu_memory_cap_gib: float | None  # SGLANG_MEMORY_CAP_VARIABLE; None = no cap
+    # SGLang pipeline-config fields, passed as a JSON file (command.pipeline_config_file)
+    pipeline_config: dict[str, Any]
     extra_args: list[str]
     # serve-only (not config fields): --master-port / --scheduler-port; None: a free port
     # each at launch (command.resolve_port)
@@ -205,11 +209,33 @@ class SglangServerSettings:
         extra_args = _get_str_list(data, "extra_args", where, _default(cls, "extra_args"))
         for arg in extra_args:
             flag = arg.split("=", 1)[0]
+            if flag in ("--pipeline-config-path", "--pipeline-config"):
+                raise ServerSettingsError(
+                    f"{where}.extra_args: {arg!r}: write the pipeline config's fields in "
+                    f"{where}.pipeline_config instead (the launcher passes them as "
+                    "--pipeline-config-path)"
+                )
             if flag in SGLANG_MANAGED_FLAGS:
                 raise ServerSettingsError(
                     f"{where}.extra_args: {arg!r} is set by the launcher from the settings "
                     "fields (host/port/model_path/...); set that field instead"
                 )
+        pipeline_config = data.get("pipeline_config", _default(cls, "pipeline_config"))
+        if not isinstance(pipeline_config, Mapping) or not all(
+            isinstance(key, str) for key in pipeline_config
+        ):
+            raise ServerSettingsError(
+                f"{where}.pipeline_config: expected a mapping of SGLang pipeline-config field "
+                f"names to values, e.g. {{action_cuda_graph_max_entries: 32}}, got "
+                f"{pipeline_config!r}"
+            )
+        try:
+            json.dumps(dict(pipeline_config))
+        except (TypeError, ValueError) as exc:
+            raise ServerSettingsError(
+                f"{where}.pipeline_config: its values must be JSON (numbers, strings, lists, "
+                f"mappings): {exc}"
+            ) from exc
         num_gpus = _get_int(data, "num_gpus", where, _default(cls, "num_gpus"), 1)
         tp_size = _get_int(data, "tp_size", where, _default(cls, "tp_size"), 1)
         performance_mode = _get_str(
@@ -242,6 +268,7 @@ class SglangServerSettings:
             gpu_memory_cap_gib=_get_float(
                 data, "gpu_memory_cap_gib", where, _default(cls, "gpu_memory_cap_gib"), 0.0, True
             ),
+            pipeline_config=dict(pipeline_config),
             extra_args=extra_args,
             master_port=_get_port(data, "master_port", where),
             scheduler_port=_get_port(data, "scheduler_port", where),

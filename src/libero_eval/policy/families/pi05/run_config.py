@@ -46,12 +46,47 @@ def check_pi05_run_config(config: dict[str, Any]) -> None:
                 "server.sglang.model_path is not set: point it at the local π0.5 checkpoint "
                 "directory (its config.json decides the cameras, state width and chunk size)"
             )
+        check_pipeline_config(sglang.get("pipeline_config") or {}, sglang["model_path"])
     else:
         stats = package_data.resolve(server["reference"]["norm_stats_path"])
         if not stats.exists():
             raise ValueError(
                 f"server.reference.norm_stats_path: {stats} does not exist; point it at the "
                 "model's own π0.5 statistics, e.g. libero_eval:stats/pi05_libero_norm_stats.json"
+            )
+
+
+def check_pipeline_config(fields: dict[str, Any], model_path: str) -> None:
+    """``server.sglang.pipeline_config``'s CUDA-graph fields as SGLang 0.5.23's
+    ``Pi05PipelineConfig._validate_cuda_graph_config`` takes them (it would refuse them only
+    once the server starts): buckets positive, strictly increasing and within the checkpoint's
+    ``max_token_len``; graph capacities non-negative integers."""
+    where = "server.sglang.pipeline_config"
+    buckets = fields.get("prompt_token_buckets", [])
+    if not isinstance(buckets, list) or not all(
+        isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in buckets
+    ):
+        raise ValueError(
+            f"{where}.prompt_token_buckets: expected a list of positive token counts, e.g. "
+            f"[32, 64, 128, 200], got {buckets!r}"
+        )
+    if sorted(set(buckets)) != buckets:
+        raise ValueError(
+            f"{where}.prompt_token_buckets: must be strictly increasing, got {buckets!r}"
+        )
+    for key in ("action_cuda_graph_max_entries", "prefix_cuda_graph_max_entries"):
+        value = fields.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"{where}.{key}: expected an integer >= 0, got {value!r}")
+    if buckets and (Path(model_path) / "config.json").is_file():
+        from libero_eval.policy.families.pi05.checkpoint import read_checkpoint
+
+        limit = read_checkpoint(model_path).max_token_len
+        if buckets[-1] > limit:
+            raise ValueError(
+                f"{where}.prompt_token_buckets: {buckets[-1]} exceeds the checkpoint's "
+                f"max_token_len {limit} ({model_path}/config.json); SGLang refuses it at "
+                f"start. End the buckets at {limit} or below"
             )
 
 
