@@ -10,6 +10,7 @@ from conftest import make_record
 from libero_eval.efficiency import (
     Capacity,
     EfficiencyInputError,
+    GraphLog,
     busy_seconds,
     diagnose,
     efficiency_line,
@@ -17,6 +18,7 @@ from libero_eval.efficiency import (
     efficiency_table,
     read_capacity,
     read_dispatch_log,
+    read_graph_log,
     slot_efficiency,
     write_efficiency,
 )
@@ -171,6 +173,69 @@ def test_verdict_slow_envs_when_batches_leave_partial_while_the_envs_step():
 
 def test_verdict_unexplained_otherwise():
     assert diagnose(figures()).cause == "unexplained"
+
+
+# A π0.5 server's log as SGLang 0.5.23 writes it (lines from a run on the H200, shortened):
+# warm-up and capacity probe, the serve job's ready line, then captures while serving.
+SERVE_LOG = """\
+[12-02 00:53:56] Pi05 memory config: prefix_cache=False/1, cuda_graph=prefix:True/1 action:True/4
+[12-02 00:54:20] Captured VLA prefix CUDA graph: batch=1 inputs=((1, 3, 224, 224),) (capacity=1)
+[12-02 00:54:22] Captured VLA denoise CUDA graph: batch=1 prefix=770 action=10x32 (capacity=4)
+[12-02 00:54:26] Captured VLA denoise CUDA graph: batch=16 prefix=770 action=10x32 (capacity=4)
+{reached}[libero_eval.serve.job] slot 0: ready at http://127.0.0.1:60191 after 73.1 s
+[12-02 00:55:01] Captured VLA denoise CUDA graph: batch=16 prefix=786 action=10x32 (capacity=4)
+[12-02 00:55:02] Captured VLA denoise CUDA graph: batch=3 prefix=786 action=10x32 (capacity=4)
+"""
+REACHED = (
+    "[12-02 00:54:27] VLA denoise CUDA graph capacity reached (4); new signatures run eagerly\n"
+)
+
+
+def test_the_serve_log_gives_graphs_captured_while_serving_and_the_capacity_reached(tmp_path):
+    log = tmp_path / "slot0.log"
+    log.write_text(SERVE_LOG.format(reached=REACHED))
+    assert read_graph_log(log) == GraphLog(captured_serving=2, capacity_reached=4)
+    log.write_text(SERVE_LOG.format(reached=""))
+    assert read_graph_log(log) == GraphLog(captured_serving=2, capacity_reached=None)
+    log.write_text("[libero_eval.serve.job] slot 0: ready at http://127.0.0.1:1 after 1.0 s\n")
+    assert read_graph_log(log) is None  # a server without CUDA graphs (the reference)
+    assert read_graph_log(tmp_path / "missing.log") is None
+
+
+def test_verdict_graphs_exhausted_before_a_slowed_server():
+    # the H200 baseline: latency 1.55x the probe's, which had its graphs; the run had none
+    verdict = diagnose(figures(latency_mean_s=3.5, graph_capacity_reached=4))
+    assert verdict.cause == "graphs_exhausted"
+    assert "server.sglang.pipeline_config" in verdict.message
+    assert "CUDA graph capacity reached (4)" in verdict.message
+    assert diagnose(figures(latency_mean_s=3.5, graph_capacity_reached=math.nan)).cause == (
+        "slowed_server"
+    )
+    assert diagnose(figures(capacity_fraction=0.9, graph_capacity_reached=4)) is None
+
+
+def test_verdict_unexplained_names_graphs_captured_while_serving():
+    assert (
+        "captured 14 CUDA graphs while serving"
+        in diagnose(figures(graphs_captured_serving=14)).message
+    )
+    assert "CUDA graphs" not in diagnose(figures(graphs_captured_serving=0)).message
+
+
+def test_graph_figures_reach_the_table_and_the_summary(tmp_path):
+    log = tmp_path / "slot0.log"
+    log.write_text(SERVE_LOG.format(reached=REACHED))
+    slow = dispatch(requests=[(0, 4, 4, True), (4, 8, 4, True)])
+    table = efficiency_table([slow], {0: capacity(obs_per_s=4.0)}, {0: read_graph_log(log)})
+    row = table.iloc[0]
+    assert row["graphs_captured_serving"] == 2 and row["graph_capacity_reached"] == 4
+    assert row["cause"] == "graphs_exhausted"
+    assert "| CUDA graphs (serve log) | 2 captured while serving; capacity reached (4) |" in (
+        efficiency_markdown(table)
+    )
+    plain = efficiency_table([slow], {0: capacity(obs_per_s=4.0)}).iloc[0]
+    assert math.isnan(plain["graphs_captured_serving"]) and plain["cause"] == "slowed_server"
+    assert "CUDA graphs (serve log)" not in efficiency_markdown(pd.DataFrame([plain]))
 
 
 def test_the_probe_fit_predicts_latency_at_the_runs_batch():

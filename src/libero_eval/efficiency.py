@@ -6,7 +6,9 @@ seconds, and the env seconds spent waiting for actions or stepping). The shards 
 are merged; the slot's span runs from its first request sent to its last answer. A slot's
 service file (`results/<run>/servers/slot<K>.json`) may hold the server's measured capacity
 (`"capacity"`, a probe of latency against batch size); without it the fraction of capacity
-is unknown and is reported so, never estimated.
+is unknown and is reported so, never estimated. A slot's serve log (`logs/<run>/serve/slot<K>.log`)
+says whether SGLang ran out of CUDA graphs and how many it captured while serving
+(`read_graph_log`).
 
 `slot_efficiency` computes the figures of one slot, `diagnose` turns them into a warning
 with its likely cause and the setting to change, and `write_efficiency` is the aggregate
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +39,14 @@ SLOWDOWN = 1.5
 LOW_DUTY = 0.8
 # Mean batch fill below this (with a high duty): batches leave the server's batch unused.
 LOW_FILL = 0.8
+
+# SGLang's VLA CUDA-graph runners log every capture, and once that their capacity is reached
+# (SGLang 0.5.23 multimodal_gen/runtime/vla/cuda_graph.py: "Captured VLA %s CUDA graph ...",
+# "VLA denoise CUDA graph capacity reached (%d); new signatures run eagerly").
+GRAPH_CAPTURED = re.compile(r"Captured VLA \w+ CUDA graph")
+GRAPH_CAPACITY_REACHED = re.compile(r"VLA \w+ CUDA graph capacity reached \((\d+)\)")
+# the serve job's line once its server is ready (libero_eval.serve.job)
+SERVER_READY = re.compile(r"\[libero_eval\.serve\.job\] slot \d+: ready at ")
 
 DISPATCH_KEYS = (
     "shard",
@@ -77,6 +88,8 @@ COLUMNS = (
     "capacity_obs_per_s",
     "capacity_fraction",
     "predicted_latency_s",
+    "graphs_captured_serving",
+    "graph_capacity_reached",
     "cause",
     "warning",
 )
@@ -105,9 +118,18 @@ class Capacity:
 
 
 @dataclass(frozen=True)
+class GraphLog:
+    """What a server's log says of its CUDA graphs: how many it captured after it was ready
+    (each capture stalls one batch), and the capacity it reported reaching (None: never)."""
+
+    captured_serving: int
+    capacity_reached: int | None
+
+
+@dataclass(frozen=True)
 class Verdict:
-    """Why a slot ran below capacity (`cause`: slowed_server, envs_short, batches_unfilled,
-    unexplained) and what to change (`message`)."""
+    """Why a slot ran below capacity (`cause`: envs_short, graphs_exhausted, slowed_server,
+    envs_slow, batches_unfilled, unexplained) and what to change (`message`)."""
 
     cause: str
     message: str
@@ -186,6 +208,24 @@ def read_capacity(service_file: Path | str) -> Capacity | None:
     return result
 
 
+def read_graph_log(serve_log: Path | str) -> GraphLog | None:
+    """The CUDA-graph lines of a slot's serve log; None without the log, or for a server
+    that logs no CUDA graphs (the reference server, SGLang pipelines without VLA graphs)."""
+    path = Path(serve_log)
+    if not path.is_file():
+        return None
+    any_graph, serving, captured, reached = False, False, 0, None
+    for line in path.read_text(errors="replace").splitlines():
+        if SERVER_READY.search(line):
+            serving = True
+        elif GRAPH_CAPTURED.search(line):
+            any_graph = True
+            captured += serving
+        elif match := GRAPH_CAPACITY_REACHED.search(line):
+            any_graph, reached = True, int(match.group(1))
+    return GraphLog(captured, reached) if any_graph else None
+
+
 # --------------------------------------------------------------------------- figures
 
 
@@ -204,9 +244,12 @@ def busy_seconds(intervals: np.ndarray) -> float:
     return float(total + end - start)
 
 
-def slot_efficiency(logs: Sequence[Mapping[str, Any]], capacity: Capacity | None) -> dict:
+def slot_efficiency(
+    logs: Sequence[Mapping[str, Any]], capacity: Capacity | None, graphs: GraphLog | None = None
+) -> dict:
     """The figures of one slot from its shards' dispatch logs (see `COLUMNS`); rates are NaN
-    without requests, and the capacity and its fraction NaN without a capacity probe."""
+    without requests, the capacity and its fraction NaN without a capacity probe, and the
+    CUDA-graph figures NaN without a server log that has them."""
     # a request's batch: the server batch it was sent in (several requests where the server
     # merges one-observation requests; without the field, each request its own)
     requests = pd.DataFrame(
@@ -265,6 +308,9 @@ def slot_efficiency(logs: Sequence[Mapping[str, Any]], capacity: Capacity | None
     in_flight = float((requests["observations"] * latency).sum()) / busy if busy > 0 else nan
     fit = capacity.latency_fit() if capacity else None
     row["predicted_latency_s"] = fit[0] + fit[1] * in_flight if fit and busy > 0 else nan
+    row["graphs_captured_serving"] = graphs.captured_serving if graphs else nan
+    reached = graphs.capacity_reached if graphs else None
+    row["graph_capacity_reached"] = reached if reached is not None else nan
     verdict = diagnose(row)
     row["cause"] = verdict.cause if verdict else ""
     row["warning"] = verdict.message if verdict else ""
@@ -284,8 +330,9 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
     In order, the first that holds:
     (a) duty below `LOW_DUTY`: the server idles while the envs step, too few envs (a slower
         answer matters little then);
+    (a') the server's log says it ran out of CUDA graphs: batches of new shapes ran eagerly;
     (b) mean latency above `SLOWDOWN` x the probes' fit at the run's batch: the server is
-        slowed down, most likely by CPU contention with the envs;
+        slowed down while the envs run (shapes without CUDA graphs, CPU contention);
     (c) batch fill below `LOW_FILL` with the envs stepping as long as they wait: a prompt's
         envs are not back before the server is free, too few (or too slow) envs;
     (d) batch fill below `LOW_FILL` otherwise: too few trials per task to fill same-prompt
@@ -302,15 +349,26 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
             f"{head}: a request was in flight {figures['duty']:.0%} of the time, the server "
             "waits for the envs; raise rollout.total_num_envs / rollout.envs_per_shard",
         )
+    reached = figures.get("graph_capacity_reached", math.nan)
+    if not math.isnan(reached):
+        return Verdict(
+            "graphs_exhausted",
+            f"{head}: the server ran out of CUDA graphs (its log: 'CUDA graph capacity "
+            f"reached ({int(reached)}); new signatures run eagerly'), so batches of the shapes "
+            "it had not captured ran eagerly, slower than the capacity probe's: raise the "
+            "capacity, and give prompts fixed lengths, in server.sglang.pipeline_config "
+            '(docs/performance.md, "SGLang\'s CUDA graphs")',
+        )
     predicted, latency = figures["predicted_latency_s"], figures["latency_mean_s"]
     if latency > SLOWDOWN * predicted:  # False when no fit (NaN)
         return Verdict(
             "slowed_server",
             f"{head}: mean latency {latency:.2f} s vs {predicted:.2f} s the capacity probe "
-            "predicts at this batch size; the server is slowed, likely by CPU contention with "
-            "the envs: give each GPU more cores or run fewer envs per node, and check "
-            "server.cpu_threads (on a 16-core H200, 4 did best and SGLang's own 16 starved "
-            "the node) and rollout.env_niceness (the envs yield to the server at 10)",
+            "predicts at this batch size; the server is slowed while the envs run: check its "
+            "log for batch shapes captured or run without CUDA graphs (server.sglang."
+            "pipeline_config), then CPU contention: server.cpu_threads (on a 16-core H200, 4 "
+            "did best and SGLang's own 16 starved the node), rollout.env_niceness (the envs "
+            "yield to the server at 10), more cores per GPU or fewer envs per node",
         )
     if figures["batch_fill"] < LOW_FILL and figures["envs_stepping"] >= figures["envs_waiting"]:
         return Verdict(
@@ -328,22 +386,32 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
             "prompt: give each task at least as many trials as the server's batch "
             "(plan.num_trials_per_task), a multiple of it for full batches to the end",
         )
+    captured = figures.get("graphs_captured_serving", math.nan)
+    stalls = (
+        f"; the server captured {int(captured)} CUDA graphs while serving (its log), each "
+        "stalling one batch once: a longer run spreads that cost"
+        if captured > 0  # False for NaN
+        else ""
+    )
     return Verdict(
         "unexplained",
         f"{head}, with latency, duty ({figures['duty']:.0%}) and batch fill "
-        f"({figures['batch_fill']:.0%}) as expected; compare the capacity probe in the "
-        "slot's service file with the serve log",
+        f"({figures['batch_fill']:.0%}) as expected{stalls}; compare the capacity probe in "
+        "the slot's service file with the serve log",
     )
 
 
 def efficiency_table(
-    logs: Sequence[Mapping[str, Any]], capacities: Mapping[int, Capacity | None]
+    logs: Sequence[Mapping[str, Any]],
+    capacities: Mapping[int, Capacity | None],
+    graphs: Mapping[int, GraphLog | None] | None = None,
 ) -> pd.DataFrame:
     """One row per slot (`COLUMNS`), its shards' logs merged, sorted by slot."""
     by_slot: dict[int, list[Mapping[str, Any]]] = {}
     for log in logs:
         by_slot.setdefault(int(log["slot"]), []).append(log)
-    rows = [slot_efficiency(by_slot[s], capacities.get(s)) for s in sorted(by_slot)]
+    graphs = graphs or {}
+    rows = [slot_efficiency(by_slot[s], capacities.get(s), graphs.get(s)) for s in sorted(by_slot)]
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -420,6 +488,15 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
             ),
             ("span", f"{row['span_s']:.1f} s"),
         ]
+        if not math.isnan(row["graphs_captured_serving"]):
+            reached = row["graph_capacity_reached"]
+            figures.append(
+                (
+                    "CUDA graphs (serve log)",
+                    f"{int(row['graphs_captured_serving'])} captured while serving; capacity "
+                    + ("not reached" if math.isnan(reached) else f"reached ({int(reached)})"),
+                )
+            )
         parts.append("| figure | value |\n|---|---|\n")
         parts.extend(f"| {name} | {value} |\n" for name, value in figures)
         if row["warning"]:
@@ -436,14 +513,18 @@ def write_efficiency(
     csv_path: Path | str,
     markdown_path: Path | str | None = None,
     event_log: Path | str | None = None,
+    serve_logs: Mapping[int, Path | str] | None = None,
 ) -> pd.DataFrame:
-    """Read the dispatch logs and each slot's capacity (`service_files`: slot -> its service
-    file, which may be gone), write the CSV, append the "Efficiency" section to the summary
-    Markdown and log a line per slot (plus its warning)."""
+    """Read the dispatch logs, each slot's capacity (`service_files`: slot -> its service
+    file, which may be gone) and its serve log's CUDA-graph lines (`serve_logs`), write the
+    CSV, append the "Efficiency" section to the summary Markdown and log a line per slot
+    (plus its warning)."""
     logs = [read_dispatch_log(p) for p in dispatch_paths]
     slots = {int(log["slot"]) for log in logs}
     capacities = {s: read_capacity(service_files[s]) if s in service_files else None for s in slots}
-    table = efficiency_table(logs, capacities)
+    serve_logs = serve_logs or {}
+    graphs = {s: read_graph_log(serve_logs[s]) if s in serve_logs else None for s in slots}
+    table = efficiency_table(logs, capacities, graphs)
     table.to_csv(csv_path, index=False)
     if markdown_path is not None:
         with open(markdown_path, "a") as handle:

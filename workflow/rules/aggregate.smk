@@ -20,5 +20,6 @@ rule aggregate:
         run_id=RUN,
         event_log=EVENT_LOG,
         service_files=get_service_files,
+        serve_logs=get_serve_logs,
     script:
         "../scripts/aggregate.py"

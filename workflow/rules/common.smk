@@ -127,6 +127,13 @@ def get_service_files(wildcards):
     return {slot: expand(template, run=RUN, slot=slot)[0] for slot in SLOTS}
 
 
+def get_serve_logs(wildcards):
+    """slot -> its serve log (what the server said of its CUDA graphs). Not an input: a
+    slot whose episodes were all reused has no new log."""
+    template = rules.serve.log[0]
+    return {slot: expand(template, run=RUN, slot=slot)[0] for slot in SLOTS}
+
+
 def get_server_of_shard(wildcards):
     """The slot's service, only while some of the shard's episodes are unfinished.
 

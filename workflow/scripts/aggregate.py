@@ -24,6 +24,7 @@ with open(snakemake.log[0], "w") as log:
     write_efficiency(
         dispatch_paths=snakemake.input.dispatch,
         service_files=snakemake.params.service_files,
+        serve_logs=snakemake.params.serve_logs,
         csv_path=snakemake.output.efficiency,
         markdown_path=snakemake.output.markdown,
         event_log=snakemake.params.event_log,

@@ -24,6 +24,7 @@ SHOWN = {
     "latency_p95_s": ("latency p95 (s)", ".2f"),
     "envs_waiting": ("envs waiting", ".1f"),
     "envs_stepping": ("envs stepping", ".1f"),
+    "graphs_captured_serving": ("CUDA graphs captured serving", "d"),
     "requests": ("requests", "d"),
     "failed_requests": ("failed", "d"),
     "observations": ("observations", "d"),
