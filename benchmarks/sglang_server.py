@@ -127,6 +127,8 @@ def server_settings(config: dict[str, Any], args: argparse.Namespace) -> ServerS
         sglang["command"] = args.command
     if args.attention_backend:
         sglang["attention_backend"] = args.attention_backend
+    if args.pipeline_config is not None:
+        sglang["pipeline_config"] = json.loads(args.pipeline_config)
     if args.extra_arg:
         sglang["extra_args"] = [*sglang.get("extra_args", []), *args.extra_arg]
     keep = ("host", "port", "health_timeout_s", "teardown_grace_s", "extra_env")
@@ -314,6 +316,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
         "--extra-arg", action="append", default=[], help="one more `sglang serve` argument"
+    )
+    parser.add_argument(
+        "--pipeline-config", help="server.sglang.pipeline_config as JSON (default: the config's)"
     )
     parser.add_argument("--saturate", type=int, default=0, help="requesters of the closed loop")
     parser.add_argument("--saturate-s", type=float, default=20.0)

@@ -110,7 +110,7 @@ workflow() {  # family envs
   # count, the plan and max_steps: the shipped config's server and rollout defaults stay.
   # PLAN=TASKS:TRIALS (TASKS "all" or "0,1"; default all:ceil(envs/5)), MAX_STEPS (default
   # 64 Cosmos3, 60 π0.5), THREADS (server.cpu_threads, for a sweep), BMS (batching_max_size),
-  # NICE (rollout.env_niceness), PIPE (SGLang pipeline-config JSON), TAG (run name suffix). CONFIG overrides the family's shipped config.
+  # NICE (rollout.env_niceness), PIPE (server.sglang.pipeline_config as JSON), TAG (run name suffix). CONFIG overrides the family's shipped config.
   local family=$1 envs=$2 dir
   local run="h200_$1_e$2${TAG:+_$TAG}"
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
@@ -138,9 +138,8 @@ EOF
   if [ -n "${THREADS:-}" ]; then printf 'server:\n  cpu_threads: %s\n' "$THREADS" > /tmp/ov_t_$run.yaml; extra+=(/tmp/ov_t_$run.yaml); fi
   if [ -n "${BMS:-}" ]; then printf 'server:\n  sglang:\n    batching_max_size: %s\n' "$BMS" > /tmp/ov_b_$run.yaml; extra+=(/tmp/ov_b_$run.yaml); fi
   if [ -n "${NICE:-}" ]; then printf 'rollout:\n  env_niceness: %s\n' "$NICE" > /tmp/ov_n_$run.yaml; extra+=(/tmp/ov_n_$run.yaml); fi
-  if [ -n "${PIPE:-}" ]; then  # SGLang pipeline-config fields (JSON), through --pipeline-config-path
-    echo "$PIPE" > /tmp/pipe_$run.json
-    printf 'server:\n  sglang:\n    extra_args: [--pipeline-config-path, /tmp/pipe_%s.json]\n' "$run" > /tmp/ov_p_$run.yaml; extra+=(/tmp/ov_p_$run.yaml)
+  if [ -n "${PIPE:-}" ]; then  # server.sglang.pipeline_config (JSON; '{}': SGLang's defaults)
+    printf 'server:\n  sglang:\n    pipeline_config: %s\n' "$PIPE" > /tmp/ov_p_$run.yaml; extra+=(/tmp/ov_p_$run.yaml)
   fi
   say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}"
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 --cpu &
@@ -168,10 +167,7 @@ bench() {  # family
   local family=$1 dir
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
   local name="bench_${family}${TAG:+_$TAG}" extra=()
-  if [ -n "${PIPE:-}" ]; then
-    echo "$PIPE" > /tmp/pipe_$name.json
-    extra+=(--extra-arg=--pipeline-config-path --extra-arg=/tmp/pipe_$name.json)
-  fi
+  [ -n "${PIPE:-}" ] && extra+=(--pipeline-config "$PIPE")
   [ -n "${SATURATE:-}" ] && extra+=(--saturate "$SATURATE" --saturate-s "${SATURATE_S:-20}")
   say "[$name] benchmarks/sglang_server.py, batching_max_size ${BENCH_BMS:-32}, pipeline ${PIPE:-default}, saturate ${SATURATE:-no}"
   timeout $(( $(left) - 10 )) python3 benchmarks/sglang_server.py --config "$(config_of $family)" \
