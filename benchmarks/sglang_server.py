@@ -129,8 +129,6 @@ def server_settings(config: dict[str, Any], args: argparse.Namespace) -> ServerS
         sglang["attention_backend"] = args.attention_backend
     if args.pipeline_config is not None:
         sglang["pipeline_config"] = json.loads(args.pipeline_config)
-    if args.extra_arg:
-        sglang["extra_args"] = [*sglang.get("extra_args", []), *args.extra_arg]
     keep = ("host", "port", "health_timeout_s", "teardown_grace_s", "extra_env")
     data = {key: server[key] for key in keep if key in server}
     return ServerSettings.from_dict({"backend": "sglang", "slot": 0, **data, "sglang": sglang})
@@ -314,9 +312,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 8, 16, 32]
     )
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument(
-        "--extra-arg", action="append", default=[], help="one more `sglang serve` argument"
-    )
     parser.add_argument(
         "--pipeline-config", help="server.sglang.pipeline_config as JSON (default: the config's)"
     )

@@ -314,7 +314,7 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
         "model_path": str(Path(model_path).resolve()) if Path(model_path).exists() else model_path,
         "pipeline_class_name": sglang["pipeline_class_name"],
     }
-    if sglang.get("pipeline_config"):  # π0.5's prompt buckets change the prefix's shapes
+    if sglang.get("pipeline_config"):  # e.g. prompt buckets change the model's input shapes
         part["pipeline_config"] = sglang["pipeline_config"]
     return part
 

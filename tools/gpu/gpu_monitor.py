@@ -59,7 +59,6 @@ class CpuSampler:
         self.last: dict[int, float] = {}
         self.last_threads: dict[tuple[int, int], float] = {}
         self.t = time.monotonic()
-        psutil.cpu_times_percent(interval=None)
         self.busy0 = self._busy_seconds()
 
     @staticmethod

@@ -35,8 +35,6 @@ SGLANG_MANAGED_FLAGS = (
     "--mode",
     "--master-port",
     "--scheduler-port",
-    "--pipeline-config-path",
-    "--pipeline-config",
 )
 # SGLang 0.5.23's diffusion server has no memory-fraction flag (--mem-fraction-static is the
 # LLM server's). This variable caps its CUDA allocator (torch.cuda.set_per_process_memory_fraction
