@@ -129,6 +129,8 @@ def server_settings(config: dict[str, Any], args: argparse.Namespace) -> ServerS
         sglang["attention_backend"] = args.attention_backend
     if args.pipeline_config is not None:
         sglang["pipeline_config"] = json.loads(args.pipeline_config)
+    if args.batching_delay_ms is not None:
+        sglang["batching_delay_ms"] = args.batching_delay_ms
     keep = ("host", "port", "health_timeout_s", "teardown_grace_s", "extra_env")
     data = {key: server[key] for key in keep if key in server}
     return ServerSettings.from_dict({"backend": "sglang", "slot": 0, **data, "sglang": sglang})
@@ -314,6 +316,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument(
         "--pipeline-config", help="server.sglang.pipeline_config as JSON (default: the config's)"
+    )
+    parser.add_argument(
+        "--batching-delay-ms",
+        type=float,
+        help="server.sglang.batching_delay_ms (default: config's)",
     )
     parser.add_argument("--saturate", type=int, default=0, help="requesters of the closed loop")
     parser.add_argument("--saturate-s", type=float, default=20.0)

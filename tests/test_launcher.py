@@ -202,6 +202,22 @@ def test_settings_ignore_the_section_of_the_other_backend():
             {
                 "backend": "sglang",
                 "slot": 0,
+                "sglang": {"model_path": "/m", "extra_args": ["--batching-delay-ms", "50"]},
+            },
+            r"server\.sglang\.extra_args: '--batching-delay-ms' is set by the launcher",
+        ),
+        (
+            {
+                "backend": "sglang",
+                "slot": 0,
+                "sglang": {"model_path": "/m", "batching_delay_ms": -5},
+            },
+            r"server\.sglang\.batching_delay_ms: -5 is less than the minimum of 0",
+        ),
+        (
+            {
+                "backend": "sglang",
+                "slot": 0,
                 "sglang": {"model_path": "/m", "extra_args": ["--pipeline-config-path", "p.json"]},
             },
             r"server\.sglang\.extra_args: '--pipeline-config-path': write the pipeline config's "
@@ -336,6 +352,7 @@ def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
             "num_gpus": 2,
             "tp_size": 2,
             "batching_max_size": 16,
+            "batching_delay_ms": 12.5,
             "attention_backend": "flash",
             "performance_mode": "memory",
             "gpu_memory_cap_gib": 100,
@@ -365,6 +382,8 @@ def test_sglang_receives_exactly_the_expected_command_line(tmp_path):
         "2",
         "--batching-max-size",
         "16",
+        "--batching-delay-ms",
+        "12.5",
         "--pipeline-class-name",
         "Cosmos3OmniDiffusersPipeline",
         "--input-save-path",

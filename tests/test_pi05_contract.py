@@ -169,6 +169,7 @@ def test_sglang_serve_command_for_pi05_passes_sglangs_own_parser(sglang_side):
                 "command": ["sglang"],
                 "model_path": "lerobot/pi05_libero_finetuned",
                 "batching_max_size": 16,
+                "batching_delay_ms": 30,
                 "pipeline_class_name": "Pi05Pipeline",
             },
         }
@@ -181,6 +182,7 @@ def test_sglang_serve_command_for_pi05_passes_sglangs_own_parser(sglang_side):
     assert seen["pipeline_config"] == "Pi05PipelineConfig"
     parsed = seen["parsed"]
     assert (parsed["pipeline_class_name"], parsed["batching_max_size"]) == ("Pi05Pipeline", 16)
+    assert parsed["batching_delay_ms"] == 30.0
     assert (parsed["host"], parsed["port"], parsed["num_gpus"]) == ("127.0.0.1", 30001, 1)
 
 

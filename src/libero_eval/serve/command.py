@@ -3,9 +3,9 @@
 The SGLang flags emitted here all exist in SGLang 0.5.23's
 `sglang/multimodal_gen/runtime/server_args/server_args.py` (`--model-path`,
 `--pipeline-class-name`, `--attention-backend`, `--num-gpus`, `--tp-size`,
-`--batching-max-size`, `--host`, `--port`, `--master-port`, `--scheduler-port`,
-`--input-save-path`, `--pipeline-config-path`); `serve` is the subcommand of the `sglang`
-console script (`sglang = sglang.cli.main:main`, see `sglang/cli/main.py`).
+`--batching-max-size`, `--batching-delay-ms`, `--host`, `--port`, `--master-port`,
+`--scheduler-port`, `--input-save-path`, `--pipeline-config-path`); `serve` is the subcommand
+of the `sglang` console script (`sglang = sglang.cli.main:main`, see `sglang/cli/main.py`).
 
 Besides its HTTP port P, `sglang serve` binds P + 1 (its ZMQ broker), a scheduler port (5555 +
 random 0-100) and a torch.distributed master port (30005), checked free when it parses its
@@ -87,6 +87,8 @@ def build_command(settings: ServerSettings) -> list[str]:
     cmd += ["--host", host, "--port", port]
     cmd += ["--num-gpus", str(sgl.num_gpus), "--tp-size", str(sgl.tp_size)]
     cmd += ["--batching-max-size", str(sgl.batching_max_size)]
+    if sgl.batching_delay_ms is not None:
+        cmd += ["--batching-delay-ms", f"{sgl.batching_delay_ms:g}"]
     cmd += ["--pipeline-class-name", sgl.pipeline_class_name]
     # SGLang saves uploads, and its warm-up image, under --input-save-path (default
     # inputs/uploads in its working directory: the repository); "" keeps them in a temp dir.

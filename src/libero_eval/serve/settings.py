@@ -28,6 +28,7 @@ SGLANG_MANAGED_FLAGS = (
     "--num-gpus",
     "--tp-size",
     "--batching-max-size",
+    "--batching-delay-ms",
     "--pipeline-class-name",
     "--pipeline",
     "--attention-backend",
@@ -174,6 +175,9 @@ class SglangServerSettings:
     tp_size: int
     # SGLang's own default is 1 (no batching); the schema's default is 8.
     batching_max_size: int
+    # --batching-delay-ms: how long a batch that is not full waits for more requests;
+    # None keeps SGLang's default (0: it starts with whatever has arrived)
+    batching_delay_ms: float | None
     pipeline_class_name: str
     attention_backend: str | None
     performance_mode: str | None  # --performance-mode; None keeps SGLang's (auto)
@@ -255,6 +259,9 @@ class SglangServerSettings:
             tp_size=tp_size,
             batching_max_size=_get_int(
                 data, "batching_max_size", where, _default(cls, "batching_max_size"), 1
+            ),
+            batching_delay_ms=_get_float(
+                data, "batching_delay_ms", where, _default(cls, "batching_delay_ms"), 0.0, False
             ),
             pipeline_class_name=_get_str(
                 data, "pipeline_class_name", where, _default(cls, "pipeline_class_name")
