@@ -10,7 +10,7 @@ from conftest import make_record
 from libero_eval.efficiency import (
     Capacity,
     EfficiencyInputError,
-    GraphLog,
+    ServeLog,
     busy_seconds,
     diagnose,
     efficiency_line,
@@ -18,7 +18,7 @@ from libero_eval.efficiency import (
     efficiency_table,
     read_capacity,
     read_dispatch_log,
-    read_graph_log,
+    read_serve_log,
     slot_efficiency,
     write_efficiency,
 )
@@ -194,12 +194,59 @@ REACHED = (
 def test_the_serve_log_gives_graphs_captured_while_serving_and_the_capacity_reached(tmp_path):
     log = tmp_path / "slot0.log"
     log.write_text(SERVE_LOG.format(reached=REACHED))
-    assert read_graph_log(log) == GraphLog(captured_serving=2, capacity_reached=4)
+    assert read_serve_log(log) == ServeLog(True, 2, 4, ())
     log.write_text(SERVE_LOG.format(reached=""))
-    assert read_graph_log(log) == GraphLog(captured_serving=2, capacity_reached=None)
+    assert read_serve_log(log) == ServeLog(True, 2, None, ())
     log.write_text("[libero_eval.serve.job] slot 0: ready at http://127.0.0.1:1 after 1.0 s\n")
-    assert read_graph_log(log) is None  # a server without CUDA graphs (the reference)
-    assert read_graph_log(tmp_path / "missing.log") is None
+    assert read_serve_log(log) is None  # a server without CUDA graphs (the reference)
+    assert read_serve_log(tmp_path / "missing.log") is None
+
+
+# SGLang 0.5.23's lines for the batches it merged (runtime/managers/scheduler.py), as an H200
+# serve log has them: the warm-up's and the capacity probe's before the "ready" line
+BATCH_LOG = """\
+[12-02 06:58:38] Processed native grouped batch of 16/16 request(s) with max_delay=0.00ms
+[libero_eval.serve.job] slot 0: ready at http://127.0.0.1:46201 after 62.1 s
+[12-02 06:59:29] Processed native grouped batch of 12/16 request(s) with max_delay=0.00ms
+[2026-12-02 06:59:29] INFO:     127.0.0.1:50780 - "POST /v1/actions/generations HTTP/1.1" 200 OK
+[12-02 06:59:29] Processed native grouped batch of 4/16 request(s) with max_delay=0.00ms
+[12-02 06:59:30] Processed native grouped batch sequentially: 16/16 request(s) with max_delay=0.00ms
+[12-02 06:59:31] Processed dynamic batch of 8/16 request(s) with max_delay=100.00ms
+"""
+
+
+def test_the_serve_log_gives_the_batches_the_server_merged_while_serving(tmp_path):
+    log = tmp_path / "slot0.log"
+    log.write_text(BATCH_LOG)
+    assert read_serve_log(log) == ServeLog(False, 0, None, (12, 4, 16, 8))
+    slot = dispatch(
+        requests=[(0, 1, 1, True, 0), (0, 1, 1, True, 0), (1, 2, 1, True, 1)],
+        max_batch_size=1,
+        server_batch=16,
+    )
+    row = efficiency_table([slot], {0: capacity(obs_per_s=4.0)}, {0: read_serve_log(log)}).iloc[0]
+    assert (row["server_batches"], row["server_mean_batch"]) == (4, 10.0)
+    assert math.isnan(row["graphs_captured_serving"])  # the log has batches, no CUDA graphs
+    markdown = efficiency_markdown(pd.DataFrame([row]))
+    assert "| server batches (serve log) | 4, 10.00 requests each on average (of 16) |" in markdown
+    plain = efficiency_table([slot], {0: capacity(obs_per_s=4.0)}).iloc[0]
+    assert math.isnan(plain["server_batches"]) and math.isnan(plain["server_mean_batch"])
+    assert "server batches" not in efficiency_markdown(pd.DataFrame([plain]))
+
+
+def test_verdict_unexplained_says_when_the_server_split_the_clients_batches():
+    # the H200 run of 2026-12-02: 14.6 requests sent together, 12.7 merged by the server
+    split = figures(max_batch_size=1, mean_batch=14.6, server_mean_batch=12.7)
+    verdict = diagnose(split)
+    assert verdict.cause == "unexplained"
+    assert "merged 12.7 requests on average" in verdict.message
+    assert "server.sglang.batching_delay_ms" in verdict.message
+    whole = figures(max_batch_size=1, mean_batch=14.6, server_mean_batch=14.5)
+    assert "batching_delay_ms" not in diagnose(whole).message
+    # one request of several observations: the server's requests and the client's
+    # observations are not comparable
+    several = figures(max_batch_size=8, mean_batch=8.0, server_mean_batch=1.0)
+    assert "batching_delay_ms" not in diagnose(several).message
 
 
 def test_verdict_graphs_exhausted_before_a_slowed_server():
@@ -226,7 +273,7 @@ def test_graph_figures_reach_the_table_and_the_summary(tmp_path):
     log = tmp_path / "slot0.log"
     log.write_text(SERVE_LOG.format(reached=REACHED))
     slow = dispatch(requests=[(0, 4, 4, True), (4, 8, 4, True)])
-    table = efficiency_table([slow], {0: capacity(obs_per_s=4.0)}, {0: read_graph_log(log)})
+    table = efficiency_table([slow], {0: capacity(obs_per_s=4.0)}, {0: read_serve_log(log)})
     row = table.iloc[0]
     assert row["graphs_captured_serving"] == 2 and row["graph_capacity_reached"] == 4
     assert row["cause"] == "graphs_exhausted"

@@ -7,8 +7,8 @@ are merged; the slot's span runs from its first request sent to its last answer.
 service file (`results/<run>/servers/slot<K>.json`) may hold the server's measured capacity
 (`"capacity"`, a probe of latency against batch size); without it the fraction of capacity
 is unknown and is reported so, never estimated. A slot's serve log (`logs/<run>/serve/slot<K>.log`)
-says whether SGLang ran out of CUDA graphs and how many it captured while serving
-(`read_graph_log`).
+says whether SGLang ran out of CUDA graphs, how many it captured while serving, and how many
+requests each batch it ran while serving merged (`read_serve_log`).
 
 `slot_efficiency` computes the figures of one slot, `diagnose` turns them into a warning
 with its likely cause and the setting to change, and `write_efficiency` is the aggregate
@@ -45,6 +45,16 @@ LOW_FILL = 0.8
 # "VLA denoise CUDA graph capacity reached (%d); new signatures run eagerly").
 GRAPH_CAPTURED = re.compile(r"Captured VLA \w+ CUDA graph")
 GRAPH_CAPACITY_REACHED = re.compile(r"VLA \w+ CUDA graph capacity reached \((\d+)\)")
+# A slot whose server merged fewer requests per batch than the client sent together, by
+# this factor, has its "unexplained" verdict say so
+SPLIT = 0.9
+# SGLang's line for each batch it merged from several requests (0.5.23 runtime/managers/
+# scheduler.py: "Processed native grouped batch of %d/%d request(s) ...", "Processed native
+# grouped batch sequentially: %d/%d ...", "Processed dynamic batch of %d/%d ..."): requests of
+# the batch / its --batching-max-size
+SERVER_BATCH = re.compile(
+    r"Processed (?:native grouped|dynamic) batch (?:sequentially: |of )(\d+)/(\d+)"
+)
 # the serve job's line once its server is ready (libero_eval.serve.job)
 SERVER_READY = re.compile(r"\[libero_eval\.serve\.job\] slot \d+: ready at ")
 
@@ -90,6 +100,8 @@ COLUMNS = (
     "predicted_latency_s",
     "graphs_captured_serving",
     "graph_capacity_reached",
+    "server_batches",
+    "server_mean_batch",
     "cause",
     "warning",
 )
@@ -118,12 +130,16 @@ class Capacity:
 
 
 @dataclass(frozen=True)
-class GraphLog:
-    """What a server's log says of its CUDA graphs: how many it captured after it was ready
-    (each capture stalls one batch), and the capacity it reported reaching (None: never)."""
+class ServeLog:
+    """What a server's log says once it was ready: how many CUDA graphs it captured (each
+    capture stalls one batch), the graph capacity it reported reaching (None: never, or no
+    graphs), and the requests of each batch it merged (empty where it logs none: requests it
+    does not merge, the reference server). `graphs` is whether it logs CUDA graphs at all."""
 
+    graphs: bool
     captured_serving: int
     capacity_reached: int | None
+    batches: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -208,22 +224,30 @@ def read_capacity(service_file: Path | str) -> Capacity | None:
     return result
 
 
-def read_graph_log(serve_log: Path | str) -> GraphLog | None:
-    """The CUDA-graph lines of a slot's serve log; None without the log, or for a server
-    that logs no CUDA graphs (the reference server, SGLang pipelines without VLA graphs)."""
+def read_serve_log(serve_log: Path | str) -> ServeLog | None:
+    """The CUDA-graph and batch lines of a slot's serve log; None without the log, or for a
+    server that logs neither (the reference server, a pipeline without VLA graphs that does
+    not merge requests). The warm-up's and the capacity probe's batches are not counted: they
+    run before the serve job's "ready" line."""
     path = Path(serve_log)
     if not path.is_file():
         return None
     any_graph, serving, captured, reached = False, False, 0, None
+    batches: list[int] = []
     for line in path.read_text(errors="replace").splitlines():
         if SERVER_READY.search(line):
             serving = True
+        elif match := SERVER_BATCH.search(line):
+            if serving:
+                batches.append(int(match.group(1)))
         elif GRAPH_CAPTURED.search(line):
             any_graph = True
             captured += serving
         elif match := GRAPH_CAPACITY_REACHED.search(line):
             any_graph, reached = True, int(match.group(1))
-    return GraphLog(captured, reached) if any_graph else None
+    if not any_graph and not batches:
+        return None
+    return ServeLog(any_graph, captured, reached, tuple(batches))
 
 
 # --------------------------------------------------------------------------- figures
@@ -245,11 +269,11 @@ def busy_seconds(intervals: np.ndarray) -> float:
 
 
 def slot_efficiency(
-    logs: Sequence[Mapping[str, Any]], capacity: Capacity | None, graphs: GraphLog | None = None
+    logs: Sequence[Mapping[str, Any]], capacity: Capacity | None, served: ServeLog | None = None
 ) -> dict:
     """The figures of one slot from its shards' dispatch logs (see `COLUMNS`); rates are NaN
     without requests, the capacity and its fraction NaN without a capacity probe, and the
-    CUDA-graph figures NaN without a server log that has them."""
+    CUDA-graph and server-batch figures NaN without a server log that has them."""
     # a request's batch: the server batch it was sent in (several requests where the server
     # merges one-observation requests; without the field, each request its own)
     requests = pd.DataFrame(
@@ -308,9 +332,13 @@ def slot_efficiency(
     in_flight = float((requests["observations"] * latency).sum()) / busy if busy > 0 else nan
     fit = capacity.latency_fit() if capacity else None
     row["predicted_latency_s"] = fit[0] + fit[1] * in_flight if fit and busy > 0 else nan
+    graphs = served if served is not None and served.graphs else None
     row["graphs_captured_serving"] = graphs.captured_serving if graphs else nan
     reached = graphs.capacity_reached if graphs else None
     row["graph_capacity_reached"] = reached if reached is not None else nan
+    merged = served.batches if served is not None else ()
+    row["server_batches"] = len(merged) if merged else nan
+    row["server_mean_batch"] = float(np.mean(merged)) if merged else nan
     verdict = diagnose(row)
     row["cause"] = verdict.cause if verdict else ""
     row["warning"] = verdict.message if verdict else ""
@@ -393,25 +421,34 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
         if captured > 0  # False for NaN
         else ""
     )
+    merged = figures.get("server_mean_batch", math.nan)
+    split = (
+        f"; the server's own batches merged {merged:.1f} requests on average (its log) where "
+        f"the client sent {figures['mean_batch']:.1f} together: "
+        "server.sglang.batching_delay_ms lets a free server wait for a batch's last requests"
+        if figures.get("max_batch_size") == 1
+        and merged < SPLIT * figures.get("mean_batch", math.nan)  # False for NaN
+        else ""
+    )
     return Verdict(
         "unexplained",
         f"{head}, with latency, duty ({figures['duty']:.0%}) and batch fill "
-        f"({figures['batch_fill']:.0%}) as expected{stalls}; compare the capacity probe in "
-        "the slot's service file with the serve log",
+        f"({figures['batch_fill']:.0%}) as expected{stalls}{split}; compare the capacity "
+        "probe in the slot's service file with the serve log",
     )
 
 
 def efficiency_table(
     logs: Sequence[Mapping[str, Any]],
     capacities: Mapping[int, Capacity | None],
-    graphs: Mapping[int, GraphLog | None] | None = None,
+    served: Mapping[int, ServeLog | None] | None = None,
 ) -> pd.DataFrame:
     """One row per slot (`COLUMNS`), its shards' logs merged, sorted by slot."""
     by_slot: dict[int, list[Mapping[str, Any]]] = {}
     for log in logs:
         by_slot.setdefault(int(log["slot"]), []).append(log)
-    graphs = graphs or {}
-    rows = [slot_efficiency(by_slot[s], capacities.get(s), graphs.get(s)) for s in sorted(by_slot)]
+    served = served or {}
+    rows = [slot_efficiency(by_slot[s], capacities.get(s), served.get(s)) for s in sorted(by_slot)]
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -497,6 +534,14 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
                     + ("not reached" if math.isnan(reached) else f"reached ({int(reached)})"),
                 )
             )
+        if not math.isnan(row["server_batches"]):
+            figures.append(
+                (
+                    "server batches (serve log)",
+                    f"{int(row['server_batches'])}, {row['server_mean_batch']:.2f} requests "
+                    f"each on average (of {row['server_batch']})",
+                )
+            )
         parts.append("| figure | value |\n|---|---|\n")
         parts.extend(f"| {name} | {value} |\n" for name, value in figures)
         if row["warning"]:
@@ -516,15 +561,15 @@ def write_efficiency(
     serve_logs: Mapping[int, Path | str] | None = None,
 ) -> pd.DataFrame:
     """Read the dispatch logs, each slot's capacity (`service_files`: slot -> its service
-    file, which may be gone) and its serve log's CUDA-graph lines (`serve_logs`), write the
-    CSV, append the "Efficiency" section to the summary Markdown and log a line per slot
-    (plus its warning)."""
+    file, which may be gone) and its serve log's CUDA-graph and batch lines (`serve_logs`),
+    write the CSV, append the "Efficiency" section to the summary Markdown and log a line per
+    slot (plus its warning)."""
     logs = [read_dispatch_log(p) for p in dispatch_paths]
     slots = {int(log["slot"]) for log in logs}
     capacities = {s: read_capacity(service_files[s]) if s in service_files else None for s in slots}
     serve_logs = serve_logs or {}
-    graphs = {s: read_graph_log(serve_logs[s]) if s in serve_logs else None for s in slots}
-    table = efficiency_table(logs, capacities, graphs)
+    served = {s: read_serve_log(serve_logs[s]) if s in serve_logs else None for s in slots}
+    table = efficiency_table(logs, capacities, served)
     table.to_csv(csv_path, index=False)
     if markdown_path is not None:
         with open(markdown_path, "a") as handle:
