@@ -165,7 +165,7 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
         {"observations": 2, "requests": 2, "seconds": 3.0},
     ]
     capacity = {"max_batch_size": 2, "probes": probes, "obs_per_s": 0.67}
-    outcomes, logs = [], []
+    outcomes, logs, built_on = [], [], {}
     for name, server_capacity, model in (("alone", None, {}), ("merged", capacity, merging)):
         server = ReferenceServerSettings(
             action_stats_path=COSMOS3_STATS,
@@ -177,6 +177,13 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
         settings, store = pi05_shard(tmp_path / name, norm_stats_path=str(STATS))
         settings.envs_per_shard = 2
         settings.batch_timeout_s = 10.0  # the idle server's hold is then its fixed cost, 3 s
+        build, built_on[name] = settings.adapter.build_request, []
+
+        def recorded(observations, request_id, build=build, threads=built_on[name]):
+            threads.append(threading.current_thread().name)
+            return build(observations, request_id)
+
+        settings.adapter.build_request = recorded
         with serve_in_thread(server) as base_url:
             records = run_shard(
                 episodes,
@@ -196,3 +203,7 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
     assert {request[2] for request in merged["requests"]} == {1}  # one observation each
     sent = [request[0] for request in merged["requests"]]
     assert len(sent) == 8 and len(set(sent)) == 4  # both envs' requests left together
+    # a merged request is built as its observation comes (the shard's loop), so that a
+    # batch's requests leave together; a request of its own is built by its policy thread
+    assert set(built_on["merged"]) == {"MainThread"} and len(built_on["merged"]) == 8
+    assert all(name.startswith("policy-") for name in built_on["alone"])

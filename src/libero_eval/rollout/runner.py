@@ -256,12 +256,16 @@ class ShardRunner:
                 self._connections.append(connection)
         return connection
 
-    def _call_policy(self, task: tuple[int, list[tuple[int, Observation]]]) -> None:
-        request, batch = task
+    def _call_policy(self, task: tuple[int, list[tuple[int, Observation]], Any]) -> None:
+        request, batch, prebuilt = task
         observations = [obs for _, obs in batch]
         started = time.monotonic()
         try:
-            payload = self.adapter.build_request(observations, request_id=uuid.uuid4().hex)
+            if isinstance(prebuilt, Exception):
+                raise prebuilt
+            payload = prebuilt or self.adapter.build_request(
+                observations, request_id=uuid.uuid4().hex
+            )
             response = self._connection().infer(payload)
             actions = self.adapter.parse_response(response, len(observations))
             status, value = Status.OK, actions
@@ -316,6 +320,7 @@ class ShardRunner:
             self.server_batch, self.max_inflight, s.batch_timeout_s, self.latency
         )
         self._ready: dict[int, Observation] = {}  # workers' observations waiting for actions
+        self._prebuilt: dict[int, Any] = {}  # merged: each ready observation's request
         self._sent_at: dict[int, float] = {}  # batch id -> when it left (monotonic)
         self._parts: dict[int, int] = {}  # batch id -> its requests not yet answered
         self._prompt_of_task: dict[tuple[str, int], Any] = {}  # seen prompts, for siblings
@@ -409,6 +414,8 @@ class ShardRunner:
             key = "" if self._merged else self.adapter.prompt_key(result)
             self._prompt_of_task[(info.episode.suite, info.episode.task_id)] = key
             self._ready[worker.index] = result
+            if self._merged:
+                self._prebuilt[worker.index] = self._build_one(result)
             self._dispatcher.ready(worker.index, key, now)
             self.dispatch_log.env(worker.index, "waiting", now)
 
@@ -494,7 +501,17 @@ class ShardRunner:
             ]
             self._sent_at[request], self._parts[request] = now, len(parts)
             for part in parts:
-                pool.submit((request, part))
+                prebuilt = self._prebuilt.pop(part[0][0], None) if self._merged else None
+                pool.submit((request, part, prebuilt))
+
+    def _build_one(self, observation: Observation) -> Any:
+        """One observation's request, built as it comes (or the exception, raised again by its
+        policy call): a batch's requests built at sending, one after another under the GIL,
+        reach a merging server spread out (docs/performance.md, "Split batches")."""
+        try:
+            return self.adapter.build_request([observation], request_id=uuid.uuid4().hex)
+        except Exception as exc:  # noqa: BLE001 - the episode's error, at its policy call
+            return exc
 
 
 def run_shard(
