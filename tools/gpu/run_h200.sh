@@ -12,7 +12,9 @@
 #   wf-FAMILY:ENVS                    snakemake --cores 40 with ENVS envs on one slot (GPU 0)
 #   bench-FAMILY                      benchmarks/sglang_server.py: load, latency vs batch,
 #                                     memory, teardown through the project's launcher; BENCH_BMS,
-#                                     BATCHES, REPS, PIPE, SATURATE (requesters of a closed
+#                                     BATCHES, REPS, PIPE, DELAY, LOAD (render:N or physics:N
+#                                     LIBERO envs beside the server, tools/gpu/env_load.py),
+#                                     SATURATE (requesters of a closed
 #                                     loop, SATURATE_S seconds), TAG
 #   probe-render:ENVS                 tools/gpu/render_probe.py: ENVS real LIBERO envs render
 #                                     on GPU 0; their GL renderer and GPU memory
@@ -110,7 +112,9 @@ workflow() {  # family envs
   # count, the plan and max_steps: the shipped config's server and rollout defaults stay.
   # PLAN=TASKS:TRIALS (TASKS "all" or "0,1"; default all:ceil(envs/5)), MAX_STEPS (default
   # 64 Cosmos3, 60 π0.5), THREADS (server.cpu_threads, for a sweep), BMS (batching_max_size),
-  # NICE (rollout.env_niceness), PIPE (server.sglang.pipeline_config as JSON), TAG (run name suffix). CONFIG overrides the family's shipped config.
+  # NICE (rollout.env_niceness), PIPE (server.sglang.pipeline_config as JSON), DELAY
+  # (server.sglang.batching_delay_ms), OVERLAY (one more overlay, as YAML text), TAG (run
+  # name suffix). CONFIG overrides the family's shipped config.
   local family=$1 envs=$2 dir
   local run="h200_$1_e$2${TAG:+_$TAG}"
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
@@ -141,7 +145,9 @@ EOF
   if [ -n "${PIPE:-}" ]; then  # server.sglang.pipeline_config (JSON; '{}': SGLang's defaults)
     printf 'server:\n  sglang:\n    pipeline_config: %s\n' "$PIPE" > /tmp/ov_p_$run.yaml; extra+=(/tmp/ov_p_$run.yaml)
   fi
-  say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}"
+  if [ -n "${DELAY:-}" ]; then printf 'server:\n  sglang:\n    batching_delay_ms: %s\n' "$DELAY" > /tmp/ov_d_$run.yaml; extra+=(/tmp/ov_d_$run.yaml); fi
+  if [ -n "${OVERLAY:-}" ]; then printf '%s\n' "$OVERLAY" > /tmp/ov_x_$run.yaml; extra+=(/tmp/ov_x_$run.yaml); fi
+  say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}, delay ${DELAY:-config}, overlay ${OVERLAY:-none}"
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 --cpu &
   local mon=$!
   local ts=$(date +%s.%N)
@@ -158,6 +164,7 @@ EOF
   cp -r results/$run/summary results/$run/shards results/$run/servers logs/$run "$R/$run/" 2>/dev/null
   grep -hE "server (launch|ready|stopped)|capacity|efficiency|summary" logs/$run/*.log 2>/dev/null | cut -c1-300
   grep -hE "memory config|Captured VLA|graph capacity reached" logs/$run/serve/*.log 2>/dev/null | cut -c1-160
+  echo "server batches (requests/max: count): $(grep -ohE 'batch (sequentially: |of )[0-9]+/[0-9]+' logs/$run/serve/*.log 2>/dev/null | grep -oE '[0-9]+/[0-9]+' | sort | uniq -c | sort -rn | awk '{printf "%s:%s ", $2, $1}')"
   python3 benchmarks/workflow_run.py "$R/$run" 2>&1 | tail -12
   tail -3 "$R/snakemake_$run.log"
   pack
@@ -168,13 +175,27 @@ bench() {  # family
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
   local name="bench_${family}${TAG:+_$TAG}" extra=()
   [ -n "${PIPE:-}" ] && extra+=(--pipeline-config "$PIPE")
+  [ -n "${DELAY:-}" ] && extra+=(--batching-delay-ms "$DELAY")
   [ -n "${SATURATE:-}" ] && extra+=(--saturate "$SATURATE" --saturate-s "${SATURATE_S:-20}")
-  say "[$name] benchmarks/sglang_server.py, batching_max_size ${BENCH_BMS:-32}, pipeline ${PIPE:-default}, saturate ${SATURATE:-no}"
+  say "[$name] benchmarks/sglang_server.py, batching_max_size ${BENCH_BMS:-32}, pipeline ${PIPE:-default}, saturate ${SATURATE:-no}, load ${LOAD:-none}"
+  local load_pid=""
+  if [ -n "${LOAD:-}" ]; then  # KIND:N: N LIBERO envs stepping beside the server (tools/gpu/env_load.py)
+    local kind=${LOAD%%:*} flag=""
+    [ "$kind" = render ] && flag=--render
+    CUDA_VISIBLE_DEVICES=0 MUJOCO_EGL_DEVICE_ID=0 python3 tools/gpu/env_load.py --envs "${LOAD##*:}" $flag \
+      --seconds "${LOAD_S:-130}" 2>&1 | grep --line-buffered -v "Warn\|warn(\|info\]" > "$R/load_$name.txt" &
+    load_pid=$!
+    for _ in $(seq 60); do grep -q ready "$R/load_$name.txt" 2>/dev/null && break; sleep 1; done
+    say "[$name] load: $(head -1 "$R/load_$name.txt")"
+  fi
   timeout $(( $(left) - 10 )) python3 benchmarks/sglang_server.py --config "$(config_of $family)" \
     --model-path $dir --command $L/bin/sglang --attention-backend torch_sdpa \
     --batching-max-size ${BENCH_BMS:-32} --batches ${BATCHES:-1,8,16,32} --reps ${REPS:-2} "${extra[@]}" \
     --log "$R/${name}_serve.log" --json "$R/$name.json" 2>&1 | grep -v "Warning\|warn(" | tail -20
   grep -hE "memory config|Captured VLA|graph capacity reached" "$R/${name}_serve.log" | cut -c1-160
+  if [ -n "$load_pid" ]; then
+    timeout 60 tail --pid=$load_pid -f /dev/null; pkill -f tools/gpu/env_load.py; wait $load_pid 2>/dev/null; say "[$name] load stopped: $(tail -1 "$R/load_$name.txt")"
+  fi
   say "[bench $family] done; GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
   pack
 }
