@@ -229,6 +229,12 @@ def test_the_serve_log_gives_the_batches_the_server_merged_while_serving(tmp_pat
     assert math.isnan(row["graphs_captured_serving"])  # the log has batches, no CUDA graphs
     markdown = efficiency_markdown(pd.DataFrame([row]))
     assert "| server batches (serve log) | 4, 10.00 requests each on average (of 16) |" in markdown
+    from libero_eval.report.efficiency import write_efficiency_html
+
+    pd.DataFrame([row]).to_csv(tmp_path / "e.csv", index=False)
+    write_efficiency_html(tmp_path / "e.csv", tmp_path / "efficiency.html")
+    page = (tmp_path / "efficiency.html").read_text()
+    assert "server mean batch (its log)" in page and "<td>10.00</td>" in page
     plain = efficiency_table([slot], {0: capacity(obs_per_s=4.0)}).iloc[0]
     assert math.isnan(plain["server_batches"]) and math.isnan(plain["server_mean_batch"])
     assert "server batches" not in efficiency_markdown(pd.DataFrame([plain]))

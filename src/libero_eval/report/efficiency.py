@@ -19,6 +19,7 @@ SHOWN = {
     "capacity_obs_per_s": ("capacity obs/s", ".2f"),
     "capacity_fraction": ("of capacity", ".0%"),
     "batch_fill": ("batch fill", ".2f"),
+    "server_mean_batch": ("server mean batch (its log)", ".2f"),
     "duty": ("duty", ".2f"),
     "latency_p50_s": ("latency p50 (s)", ".2f"),
     "latency_p95_s": ("latency p95 (s)", ".2f"),
