@@ -2,9 +2,10 @@
 rendering on the server's GPU.
 
 Each process builds libero_spatial task 0 (256x256 cameras, an offscreen renderer), resets it,
-then loops: 5 control steps of physics, and with ``--render`` both cameras rendered once (the
-env workers' pattern with `render_mode: on_demand` and openpi's 5 steps per chunk), until
-``--seconds`` have passed since it was ready. Prints one JSON line: chunks per second per env.
+then loops (resetting at the task's horizon): 5 control steps of physics, and with
+``--render`` both cameras rendered once (the env workers' pattern with `render_mode:
+on_demand` and openpi's 5 steps per chunk), until ``--seconds`` have passed since it was
+ready. Prints one JSON line: chunks per second per env.
 
     MUJOCO_GL=egl MUJOCO_EGL_DEVICE_ID=0 \
         python tools/gpu/env_load.py --envs 16 --render --seconds 120
@@ -37,6 +38,8 @@ def env_process(ready: mp.Queue, done: mp.Queue, render: bool, seconds: float) -
     while time.perf_counter() - started < seconds:
         for _ in range(5):
             env.step(action)
+            if env.env.done:  # the task's horizon: robosuite refuses a step after it
+                env.reset()
         if render:
             for camera in ("agentview", "robot0_eye_in_hand"):
                 env.sim.render(camera_name=camera, width=256, height=256)
