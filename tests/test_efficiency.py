@@ -430,3 +430,26 @@ def test_merged_requests_fill_the_server_batch_they_were_sent_in():
     row = slot_efficiency([log], None)
     assert row["requests"] == 6 and row["server_batch"] == 4
     assert row["mean_batch"] == 3.0 and row["batch_fill"] == 0.75
+
+
+def test_send_spread_is_how_long_a_merged_batchs_requests_took_to_leave():
+    # batch 0: two one-observation requests leaving 50 ms apart (built one after another at
+    # sending); batch 1: 10 ms apart; a batch of one request has no spread
+    slot = dispatch(
+        requests=[
+            (0, 1, 1, True, 0, T0 + 0.00),
+            (0, 1, 1, True, 0, T0 + 0.05),
+            (1, 2, 1, True, 1, T0 + 1.00),
+            (1, 2, 1, True, 1, T0 + 1.01),
+            (2, 3, 1, True, 2, T0 + 2.00),
+        ],
+        max_batch_size=1,
+        server_batch=2,
+    )
+    row = efficiency_table([slot], {}).iloc[0]
+    assert row["send_spread_ms"] == pytest.approx(30.0)
+    assert "| a batch's requests leave over (mean) | 30.0 ms |" in efficiency_markdown(
+        pd.DataFrame([row])
+    )
+    older = dispatch(requests=[(0, 1, 1, True, 0), (0, 1, 1, True, 0)])  # no left_at
+    assert math.isnan(efficiency_table([older], {}).iloc[0]["send_spread_ms"])

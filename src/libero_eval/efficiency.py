@@ -102,6 +102,7 @@ COLUMNS = (
     "graph_capacity_reached",
     "server_batches",
     "server_mean_batch",
+    "send_spread_ms",
     "cause",
     "warning",
 )
@@ -175,11 +176,11 @@ def read_dispatch_log(path: Path | str) -> dict[str, Any]:
             "delete it and rerun the workflow to rewrite it"
         )
     for i, entry in enumerate(log["requests"]):
-        if not (isinstance(entry, list | tuple) and len(entry) in (4, 5)):
+        if not (isinstance(entry, list | tuple) and len(entry) in (4, 5, 6)):
             raise EfficiencyInputError(
                 f"{path}: requests[{i}] is {entry!r}, expected "
-                "[sent_at, answered_at, observations, ok, batch]; delete it and rerun the "
-                "workflow"
+                "[sent_at, answered_at, observations, ok, batch, left_at]; delete it and "
+                "rerun the workflow"
             )
         if entry[1] < entry[0]:
             raise EfficiencyInputError(
@@ -276,14 +277,17 @@ def slot_efficiency(
     CUDA-graph and server-batch figures NaN without a server log that has them."""
     # a request's batch: the server batch it was sent in (several requests where the server
     # merges one-observation requests; without the field, each request its own)
+    # (and when it began to leave, once built: NaN in a log of an older runner)
     requests = pd.DataFrame(
         [
-            [*r[:4], f"{log['shard']}/{r[4] if len(r) > 4 else i}"]
+            [*r[:4], f"{log['shard']}/{r[4] if len(r) > 4 else i}", r[5] if len(r) > 5 else None]
             for log in logs
             for i, r in enumerate(log["requests"])
         ],
-        columns=["sent_at", "answered_at", "observations", "ok", "batch"],
-    ).astype({"sent_at": float, "answered_at": float, "observations": int, "ok": bool})
+        columns=["sent_at", "answered_at", "observations", "ok", "batch", "left_at"],
+    ).astype(
+        {"sent_at": float, "answered_at": float, "observations": int, "ok": bool, "left_at": float}
+    )
     with_requests = [log for log in logs if log["requests"]] or list(logs)
     row: dict[str, Any] = {
         "slot": int(logs[0]["slot"]),
@@ -311,12 +315,17 @@ def slot_efficiency(
     stepping = sum(_per_second(log, "stepping") for log in with_requests)
     batches = requests.groupby("batch")["observations"].sum()
     mean_batch = float(batches.mean()) if len(batches) else nan
+    # a batch of several requests (merged on the server): from its first request leaving to
+    # its last, which a merging server may not wait for
+    grouped = requests.groupby("batch")["left_at"]
+    spreads = (grouped.max() - grouped.min())[grouped.count() > 1]
     row |= {
         "span_s": span,
         "obs_per_s": row["observations_ok"] / span if span > 0 else nan,
         "mean_batch": mean_batch,
         "batch_fill": mean_batch / row["server_batch"] if row["server_batch"] else nan,
         "duty": busy / span if span > 0 else nan,
+        "send_spread_ms": float(spreads.mean()) * 1000 if len(spreads) else nan,
         "latency_mean_s": float(ok_latency.mean()) if len(ok_latency) else nan,
         "latency_p50_s": float(np.percentile(ok_latency, 50)) if len(ok_latency) else nan,
         "latency_p95_s": float(np.percentile(ok_latency, 95)) if len(ok_latency) else nan,
@@ -533,6 +542,10 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
                     f"{int(row['graphs_captured_serving'])} captured while serving; capacity "
                     + ("not reached" if math.isnan(reached) else f"reached ({int(reached)})"),
                 )
+            )
+        if not math.isnan(row["send_spread_ms"]):
+            figures.append(
+                ("a batch's requests leave over (mean)", f"{row['send_spread_ms']:.1f} ms")
             )
         if not math.isnan(row["server_batches"]):
             figures.append(

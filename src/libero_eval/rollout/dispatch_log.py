@@ -1,6 +1,6 @@
 """A shard's dispatch log (`results/<run>/shards/<shard>.dispatch.json`): every policy request
-(sent, answered, observations, ok) and the envs' time waiting and stepping, read by
-`libero_eval.efficiency` for the run's GPU efficiency report."""
+(sent, answered, observations, ok, its batch, when it began to leave) and the envs' time
+waiting and stepping, read by `libero_eval.efficiency` for the run's GPU efficiency report."""
 
 from __future__ import annotations
 
@@ -21,17 +21,31 @@ class DispatchLog:
     def __init__(self) -> None:
         self._offset = time.time() - time.monotonic()
         self.started_at = time.time()
-        self.requests: list[tuple[float, float, int, bool]] = []
+        self.requests: list[tuple[float, float, int, bool, int, float]] = []
         self.env_seconds = {"waiting": 0.0, "stepping": 0.0}
         self._env_state: dict[int, tuple[str, float]] = {}
 
     def request(
-        self, sent_at: float, answered_at: float, observations: int, ok: bool, batch: int
+        self,
+        sent_at: float,
+        answered_at: float,
+        observations: int,
+        ok: bool,
+        batch: int,
+        left_at: float,
     ) -> None:
         """One request (monotonic times) of server batch `batch` (several requests where the
-        server merges them)."""
+        server merges them): sent (the batch's dispatch), answered, and when its bytes began
+        to leave (once built)."""
         self.requests.append(
-            (sent_at + self._offset, answered_at + self._offset, observations, ok, batch)
+            (
+                sent_at + self._offset,
+                answered_at + self._offset,
+                observations,
+                ok,
+                batch,
+                left_at + self._offset,
+            )
         )
 
     def env(self, worker: int, state: str | None, now: float) -> None:

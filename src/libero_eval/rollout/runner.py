@@ -159,12 +159,14 @@ def _save_video(frames: list[np.ndarray], video_dir: Path, episode: Episode, suc
 
 class _Answer(NamedTuple):
     """A policy call's outcome: `Status.OK` with the actions, or `Status.ERROR` with the
-    exception; its wall time, and when it came back (time.monotonic())."""
+    exception; its wall time, when it came back and when its request began to leave (after
+    it was built; time.monotonic())."""
 
     status: Status
     value: Any
     latency_s: float
     answered_at: float
+    left_at: float
 
 
 class _CallPool:
@@ -259,20 +261,21 @@ class ShardRunner:
     def _call_policy(self, task: tuple[int, list[tuple[int, Observation]], Any]) -> None:
         request, batch, prebuilt = task
         observations = [obs for _, obs in batch]
-        started = time.monotonic()
+        started = left = time.monotonic()
         try:
             if isinstance(prebuilt, Exception):
                 raise prebuilt
             payload = prebuilt or self.adapter.build_request(
                 observations, request_id=uuid.uuid4().hex
             )
+            left = time.monotonic()
             response = self._connection().infer(payload)
             actions = self.adapter.parse_response(response, len(observations))
             status, value = Status.OK, actions
         except Exception as exc:  # noqa: BLE001 - handed to the main loop to decide
             status, value = Status.ERROR, exc
         now = time.monotonic()
-        self._done_queue.put((request, batch, _Answer(status, value, now - started, now)))
+        self._done_queue.put((request, batch, _Answer(status, value, now - started, now, left)))
         self._wake_writer.send(b"x")
 
     # -- main loop -----------------------------------------------------------------------------
@@ -428,13 +431,18 @@ class ShardRunner:
             pass
         while True:
             try:
-                request, batch, (status, value, latency, answered_at) = (
+                request, batch, (status, value, latency, answered_at, left_at) = (
                     self._done_queue.get_nowait()
                 )
             except queue.Empty:
                 return
             self.dispatch_log.request(
-                self._sent_at[request], answered_at, len(batch), status == Status.OK, request
+                self._sent_at[request],
+                answered_at,
+                len(batch),
+                status == Status.OK,
+                request,
+                left_at,
             )
             self._parts[request] -= 1
             if not self._parts[request]:  # the whole batch is back
