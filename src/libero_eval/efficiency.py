@@ -434,7 +434,8 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
     split = (
         f"; the server's own batches merged {merged:.1f} requests on average (its log) where "
         f"the client sent {figures['mean_batch']:.1f} together: "
-        "server.sglang.batching_delay_ms lets a free server wait for a batch's last requests"
+        "server.sglang.batching_delay_ms lets a free server wait for a batch's last requests "
+        '(on one H200 whole batches were no faster: docs/performance.md, "Split batches")'
         if figures.get("max_batch_size") == 1
         and merged < SPLIT * figures.get("mean_batch", math.nan)  # False for NaN
         else ""
