@@ -65,6 +65,7 @@ COLUMNS = (
     ("latency p95 s", "latency_p95_s"),
     ("envs waiting", "envs_waiting"),
     ("envs stepping", "envs_stepping"),
+    ("a batch's requests leave over, ms", "send_spread_ms"),
 )
 
 
