@@ -159,8 +159,7 @@ def _save_video(frames: list[np.ndarray], video_dir: Path, episode: Episode, suc
 
 class _Answer(NamedTuple):
     """A policy call's outcome: `Status.OK` with the actions, or `Status.ERROR` with the
-    exception; its wall time, when it came back and when its request began to leave (after
-    it was built; time.monotonic())."""
+    exception; its wall time, when it came back and when it began to leave (monotonic)."""
 
     status: Status
     value: Any
@@ -436,19 +435,13 @@ class ShardRunner:
                 )
             except queue.Empty:
                 return
-            self.dispatch_log.request(
-                self._sent_at[request],
-                answered_at,
-                len(batch),
-                status == Status.OK,
-                request,
-                left_at,
-            )
+            ok, sent_at = status == Status.OK, self._sent_at[request]
+            self.dispatch_log.request(sent_at, answered_at, len(batch), ok, request, left_at)
             self._parts[request] -= 1
             if not self._parts[request]:  # the whole batch is back
                 del self._parts[request], self._sent_at[request]
                 self._dispatcher.answered(request, answered_at)
-            if status == Status.OK:
+            if ok:
                 self._bad_in_a_row = 0
             else:
                 self._on_policy_failure(value)
