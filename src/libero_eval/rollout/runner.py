@@ -262,11 +262,9 @@ class ShardRunner:
         observations = [obs for _, obs in batch]
         started = left = time.monotonic()
         try:
-            if isinstance(prebuilt, Exception):
-                raise prebuilt
-            payload = prebuilt or self.adapter.build_request(
-                observations, request_id=uuid.uuid4().hex
-            )
+            payload = prebuilt if prebuilt is not None else self._build(observations)
+            if isinstance(payload, Exception):
+                raise payload
             left = time.monotonic()
             response = self._connection().infer(payload)
             actions = self.adapter.parse_response(response, len(observations))
@@ -417,7 +415,7 @@ class ShardRunner:
             self._prompt_of_task[(info.episode.suite, info.episode.task_id)] = key
             self._ready[worker.index] = result
             if self._merged:
-                self._prebuilt[worker.index] = self._build_one(result)
+                self._prebuilt[worker.index] = self._build([result])
             self._dispatcher.ready(worker.index, key, now)
             self.dispatch_log.env(worker.index, "waiting", now)
 
@@ -505,12 +503,13 @@ class ShardRunner:
                 prebuilt = self._prebuilt.pop(part[0][0], None) if self._merged else None
                 pool.submit((request, part, prebuilt))
 
-    def _build_one(self, observation: Observation) -> Any:
-        """One observation's request, built as it comes (or the exception, raised again by its
-        policy call): a batch's requests built at sending, one after another under the GIL,
-        reach a merging server spread out (docs/performance.md, "Split batches")."""
+    def _build(self, observations: list[Observation]) -> Any:
+        """The request of `observations`, or the exception building it raised (raised again
+        by its policy call). A merged request is built as its observation comes: a batch's
+        requests built at sending, one after another under the GIL, reach a merging server
+        spread out (docs/performance.md, "Split batches")."""
         try:
-            return self.adapter.build_request([observation], request_id=uuid.uuid4().hex)
+            return self.adapter.build_request(observations, request_id=uuid.uuid4().hex)
         except Exception as exc:  # noqa: BLE001 - the episode's error, at its policy call
             return exc
 
