@@ -14,7 +14,11 @@ request, so batch B is B requests in flight at once, which SGLang merges up to
 `--reps` times timed. `--saturate N` then keeps N requesters busy for `--saturate-s`
 seconds, each sending again as soon as its answer is back (π0.5: one observation each;
 Cosmos3: a batch of the server's max batch each): the server's saturated rate, as the
-workflow's envs would see it if they took no time to step. GPU memory comes from NVML
+workflow's envs would see it if they took no time to step. `--beside CMD` (repeatable) runs
+the closed loop again beside a load: CMD is started, and once it prints a line with
+`"load": "ready"` the loop runs; a load that prints `{"t": unix time, "chunks": n}` lines
+(`tools/gpu/env_load.py`) gets its rate while the server is saturated and after, while it is
+idle, so both sides' slowdown shows. GPU memory comes from NVML
 (`pynvml`, where installed): the whole GPU, and the server's own processes. Teardown is
 `ManagedServer.stop()`; afterwards the script counts the server's processes still alive and
 reads the GPU memory again.
@@ -25,10 +29,16 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as futures
+import contextlib
 import json
+import os
+import shlex
+import signal
+import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -201,6 +211,62 @@ def saturate(
     }
 
 
+def saturate_beside(
+    command: str,
+    saturated: Callable[[], dict[str, Any]],
+    ready_timeout_s: float = 180.0,
+    idle_s: float = 30.0,
+) -> dict[str, Any]:
+    """The closed loop `saturated()` run beside the load `command` (started here, in its own
+    process group; after the loop it may run `idle_s` more, then it is stopped): the loop's
+    figures, and the load's rate of `chunks` per second while the loop ran and after it (the
+    server idle)."""
+    load = subprocess.Popen(
+        shlex.split(command), stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    lines: list[str] = []
+    is_ready = threading.Event()
+
+    def read() -> None:
+        assert load.stdout is not None
+        for line in load.stdout:
+            lines.append(line.strip())
+            if '"load": "ready"' in line:
+                is_ready.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        waited = 0.0
+        while not is_ready.wait(1.0):
+            waited += 1.0
+            if load.poll() is not None or waited > ready_timeout_s:
+                raise RuntimeError(f"load {command!r} never got ready: {lines[-3:]}")
+        began = time.time()
+        result = saturated()
+        ended = time.time()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            load.wait(timeout=idle_s)
+    finally:
+        if load.poll() is None:
+            os.killpg(load.pid, signal.SIGTERM)
+            load.wait(timeout=30)
+        reader.join(timeout=5)
+    ticks = [json.loads(line) for line in lines if line.startswith('{"t"')]
+
+    def rate(start: float, end: float) -> float | None:
+        inside = [t for t in ticks if start <= t["t"] <= end]
+        if len(inside) < 2:
+            return None
+        return (inside[-1]["chunks"] - inside[0]["chunks"]) / (inside[-1]["t"] - inside[0]["t"])
+
+    result["load"] = command
+    result["load_chunks_per_s_saturated"] = rate(began, ended)
+    result["load_chunks_per_s_idle"] = rate(ended, float("inf"))
+    result["load_last_line"] = lines[-1] if lines else None
+    return result
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     config = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
     family = config["policy"].get("family", "cosmos3")
@@ -248,6 +314,19 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 family, adapter, server.url, args.saturate, args.saturate_s, max_batch
             )
             print("SATURATED " + json.dumps(result["saturated"]), flush=True)
+        result["beside"] = []
+        for command in args.beside:
+            try:
+                row = saturate_beside(
+                    command,
+                    lambda: saturate(
+                        family, adapter, server.url, args.saturate, args.saturate_s, max_batch
+                    ),
+                )
+            except (RuntimeError, OSError) as exc:
+                row = {"load": command, "error": str(exc)}
+            result["beside"].append(row)
+            print("BESIDE " + json.dumps(result["beside"][-1]), flush=True)
         result["gpu_peak_mib"] = gpu.peak_mib
         result["server_process_peak_mib"] = round(gpu.process_peak_mib)
         members = [server.pid, *(p.pid for p in server.track_descendants())]
@@ -272,6 +351,10 @@ def _alive(pid: int) -> bool:
 
 def _mib(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f}"
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def markdown(result: dict[str, Any]) -> str:
@@ -300,6 +383,15 @@ def markdown(result: dict[str, Any]) -> str:
             f"observations, {sat['requests']} requests in {sat['seconds']} s: "
             f"{sat['obs_per_s']} observations/s",
         ]
+    for row in result.get("beside", []):
+        if "error" in row:
+            lines.append(f"beside `{row['load']}`: {row['error']}")
+            continue
+        lines.append(
+            f"beside `{row['load']}`: {row['obs_per_s']} observations/s; the load's chunks/s "
+            f"{_rate(row['load_chunks_per_s_saturated'])} with the server saturated, "
+            f"{_rate(row['load_chunks_per_s_idle'])} with it idle"
+        )
     return "\n".join(lines)
 
 
@@ -324,6 +416,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--saturate", type=int, default=0, help="requesters of the closed loop")
     parser.add_argument("--saturate-s", type=float, default=20.0)
+    parser.add_argument(
+        "--beside",
+        action="append",
+        default=[],
+        metavar="CMD",
+        help="run the closed loop (--saturate) again beside this load command (repeatable)",
+    )
     parser.add_argument("--log", help="the server's log file (default: this stdout)")
     parser.add_argument("--json", type=Path)
     return parser.parse_args(argv)

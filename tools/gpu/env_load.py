@@ -18,9 +18,12 @@ import json
 import multiprocessing as mp
 import os
 import time
+from typing import Any
 
 
-def env_process(ready: mp.Queue, done: mp.Queue, render: bool, seconds: float) -> None:
+def env_process(
+    ready: mp.Queue, done: mp.Queue, counter: Any, render: bool, seconds: float
+) -> None:
     import numpy as np
     from libero.libero import benchmark, get_libero_path
     from libero.libero.envs import OffScreenRenderEnv
@@ -44,6 +47,8 @@ def env_process(ready: mp.Queue, done: mp.Queue, render: bool, seconds: float) -
             for camera in ("agentview", "robot0_eye_in_hand"):
                 env.sim.render(camera_name=camera, width=256, height=256)
         chunks += 1
+        with counter.get_lock():
+            counter.value += 1
     done.put(chunks / (time.perf_counter() - started))
     env.close()
 
@@ -55,9 +60,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=120.0)
     args = parser.parse_args()
     ctx = mp.get_context("spawn")
-    ready, done = ctx.Queue(), ctx.Queue()
+    ready, done, counter = ctx.Queue(), ctx.Queue(), ctx.Value("q", 0)
     procs = [
-        ctx.Process(target=env_process, args=(ready, done, args.render, args.seconds))
+        ctx.Process(target=env_process, args=(ready, done, counter, args.render, args.seconds))
         for _ in range(args.envs)
     ]
     for proc in procs:
@@ -65,6 +70,9 @@ def main() -> None:
     for _ in procs:
         ready.get()
     print(json.dumps({"load": "ready", "envs": args.envs, "render": args.render}), flush=True)
+    while any(proc.is_alive() for proc in procs) and done.qsize() < len(procs):
+        print(json.dumps({"t": time.time(), "chunks": counter.value}), flush=True)
+        time.sleep(1.0)
     rates = [done.get() for _ in procs]
     for proc in procs:
         proc.join()
