@@ -15,7 +15,9 @@
 #                                     BATCHES, REPS, PIPE, DELAY, LOAD (render:N or physics:N
 #                                     LIBERO envs beside the server, tools/gpu/env_load.py),
 #                                     SATURATE (requesters of a closed
-#                                     loop, SATURATE_S seconds), TAG
+#                                     loop, SATURATE_S seconds), BESIDE ("render:8 physics:8 render:8@4-15":
+#                                     the closed loop again beside each such load, and the
+#                                     load's rate with the server saturated and idle), TAG
 #   probe-render:ENVS                 tools/gpu/render_probe.py: ENVS real LIBERO envs render
 #                                     on GPU 0; their GL renderer and GPU memory
 # Setup runs first, once per machine: unpack the bundle into /tmp/lg, check the imports.
@@ -39,6 +41,20 @@ export TOKENIZERS_PARALLELISM=false MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
 export PYTHONPATH=$L/site:$L/libero:$REPO/src
 export PATH=$L/bin:$PATH
 
+cpu_sets() {  # N: "SERVER_CPUS ENV_CPUS", N whole physical cores (their SMT siblings too) first
+  python3 - "$1" <<'PY'
+import os, sys
+cores = {}
+for cpu in sorted(os.sched_getaffinity(0)):
+    topo = f"/sys/devices/system/cpu/cpu{cpu}/topology/"
+    key = tuple(open(topo + f).read().strip() for f in ("physical_package_id", "core_id"))
+    cores.setdefault(key, []).append(cpu)
+groups = list(cores.values())
+n = int(sys.argv[1])
+print(",".join(str(c) for g in groups[:n] for c in g), ",".join(str(c) for g in groups[n:] for c in g))
+PY
+}
+
 setup() {
   if [ -d .gl ] && ! ldconfig -p | grep -q libEGL.so.1; then
     for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -58,6 +74,7 @@ setup() {
     say "setup: unpacked $(du -sh $L/site | cut -f1) site, $(du -sh $L/libero | cut -f1) LIBERO"
   fi
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
+  say "CPU: $(lscpu | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\))' | tr -s ' ' | tr '\n' ';')"
   echo "nproc $(nproc), memory $(free -g | awk '/Mem/{print $2}') GiB, /dev/shm $(df -h --output=avail /dev/shm | tail -1)"
   python3 - <<'EOF' || { say "SETUP: imports failed"; exit 4; }
 import sys, torch, transformers, mujoco, snakemake
@@ -123,6 +140,11 @@ workflow() {  # family envs
   local plan=${PLAN:-all:$(( (2 * envs + 9) / 10 ))}
   local tasks=${plan%%:*} trials=${plan##*:}
   [ "$tasks" = all ] || tasks="[$tasks]"
+  local sglang_cmd="$L/bin/sglang" pin_envs=()
+  if [ -n "${PIN:-}" ]; then  # N: the server on N whole cores, snakemake and the envs on the rest
+    read -r server_cpus env_cpus <<< "$(cpu_sets "$PIN")"
+    sglang_cmd="taskset, -c, '$server_cpus', $L/bin/sglang"; pin_envs=(taskset -c "$env_cpus")
+  fi
   cat > /tmp/overlay_$run.yaml <<EOF
 run_id: $run
 plan: {suites: [libero_spatial], task_ids: $tasks, num_trials_per_task: $trials}
@@ -130,7 +152,7 @@ server:
   num_slots: 1
   health_timeout_s: 600
   sglang:
-    command: [$L/bin/sglang]
+    command: [$sglang_cmd]
     model_path: $dir
     attention_backend: torch_sdpa
 rollout:
@@ -147,11 +169,11 @@ EOF
   fi
   if [ -n "${DELAY:-}" ]; then printf 'server:\n  sglang:\n    batching_delay_ms: %s\n' "$DELAY" > /tmp/ov_d_$run.yaml; extra+=(/tmp/ov_d_$run.yaml); fi
   if [ -n "${OVERLAY:-}" ]; then printf '%s\n' "$OVERLAY" > /tmp/ov_x_$run.yaml; extra+=(/tmp/ov_x_$run.yaml); fi
-  say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}, delay ${DELAY:-config}, overlay ${OVERLAY:-none}"
+  say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}, delay ${DELAY:-config}, pin ${PIN:-no} ${server_cpus:-} / ${env_cpus:-}, overlay ${OVERLAY:-none}"
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 --cpu &
   local mon=$!
   local ts=$(date +%s.%N)
-  timeout -k 10 $(( $(left) - 30 )) python3 -m snakemake --cores 40 --scheduler greedy --rerun-incomplete \
+  timeout -k 10 $(( $(left) - 30 )) "${pin_envs[@]}" python3 -m snakemake --cores 40 --scheduler greedy --rerun-incomplete \
     --configfile "${CONFIG:-$(config_of $family)}" /tmp/overlay_$run.yaml "${extra[@]}" \
     > "$R/snakemake_$run.log" 2>&1
   local rc=$?
@@ -177,7 +199,19 @@ bench() {  # family
   [ -n "${PIPE:-}" ] && extra+=(--pipeline-config "$PIPE")
   [ -n "${DELAY:-}" ] && extra+=(--batching-delay-ms "$DELAY")
   [ -n "${SATURATE:-}" ] && extra+=(--saturate "$SATURATE" --saturate-s "${SATURATE_S:-20}")
-  say "[$name] benchmarks/sglang_server.py, batching_max_size ${BENCH_BMS:-32}, pipeline ${PIPE:-default}, saturate ${SATURATE:-no}, load ${LOAD:-none}"
+  local load sglang_cmd=($L/bin/sglang) server_cpus="" env_cpus=""
+  if [ -n "${PIN:-}" ]; then  # N: the server on N whole cores; @E in BESIDE: the other cores
+    read -r server_cpus env_cpus <<< "$(cpu_sets "$PIN")"
+    printf '#!/bin/sh\nexec taskset -c %s %s "$@"\n' "$server_cpus" "$L/bin/sglang" > $L/bin/sglang_pinned
+    chmod +x $L/bin/sglang_pinned; sglang_cmd=($L/bin/sglang_pinned)  # (argparse takes no "-c")
+  fi
+  for load in ${BESIDE:-}; do  # KIND:N[@CPUS], as LOAD, but around a closed loop; @CPUS: taskset
+    local cpus="" envs=${load##*:}
+    [[ $envs == *@* ]] && cpus="taskset -c ${envs#*@}" && envs=${envs%@*}
+    [ "$cpus" = "taskset -c E" ] && cpus="taskset -c $env_cpus"
+    extra+=(--beside "env CUDA_VISIBLE_DEVICES=0 MUJOCO_EGL_DEVICE_ID=0 $cpus python3 tools/gpu/env_load.py --envs $envs $([ "${load%%:*}" = render ] && echo --render) --seconds $(( ${SATURATE_S:-20} + 10 ))")
+  done
+  say "[$name] benchmarks/sglang_server.py, batching_max_size ${BENCH_BMS:-32}, pipeline ${PIPE:-default}, saturate ${SATURATE:-no}, load ${LOAD:-none}, beside ${BESIDE:-none}, pin ${PIN:-no} ${server_cpus} / ${env_cpus}"
   local load_pid=""
   if [ -n "${LOAD:-}" ]; then  # KIND:N: N LIBERO envs stepping beside the server (tools/gpu/env_load.py)
     local kind=${LOAD%%:*} flag=""
@@ -189,7 +223,7 @@ bench() {  # family
     say "[$name] load: $(head -1 "$R/load_$name.txt")"
   fi
   timeout $(( $(left) - 10 )) python3 benchmarks/sglang_server.py --config "$(config_of $family)" \
-    --model-path $dir --command $L/bin/sglang --attention-backend torch_sdpa \
+    --model-path $dir --command "${sglang_cmd[@]}" --attention-backend torch_sdpa \
     --batching-max-size ${BENCH_BMS:-32} --batches ${BATCHES:-1,8,16,32} --reps ${REPS:-2} "${extra[@]}" \
     --log "$R/${name}_serve.log" --json "$R/$name.json" 2>&1 | grep -v "Warning\|warn(" | tail -20
   grep -hE "memory config|Captured VLA|graph capacity reached" "$R/${name}_serve.log" | cut -c1-160
