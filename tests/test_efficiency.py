@@ -175,6 +175,14 @@ def test_verdict_unexplained_otherwise():
     assert diagnose(figures()).cause == "unexplained"
 
 
+def test_verdict_unexplained_names_the_server_as_the_bound_when_it_always_had_work():
+    # the H200 runs beside 32 envs: duty 99%, full batches, the server's pace below its probe
+    busy = diagnose(figures(duty=0.99)).message
+    assert "the server always had work" in busy and "fewer envs per node" in busy
+    assert "Beside the envs" in busy
+    assert "always had work" not in diagnose(figures(duty=0.9)).message
+
+
 # A π0.5 server's log as SGLang 0.5.23 writes it (lines from a run on the H200, shortened):
 # warm-up and capacity probe, the serve job's ready line, then captures while serving.
 SERVE_LOG = """\

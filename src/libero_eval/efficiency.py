@@ -39,15 +39,18 @@ SLOWDOWN = 1.5
 LOW_DUTY = 0.8
 # Mean batch fill below this (with a high duty): batches leave the server's batch unused.
 LOW_FILL = 0.8
+ALWAYS_BUSY = 0.95  # client-side duty at or above this: the server was the bound
+BOUND_HINT = (  # measured on one H200 (12-13% slower beside 8 busy env cores of 16)
+    "; the server always had work, so it was the bound: it slows beside busy env cores, and a "
+    'merging one\'s probe reads low (docs/performance.md, "Beside the envs"): fewer envs per node'
+)
 
 # SGLang's VLA CUDA-graph runners log every capture, and once that their capacity is reached
 # (SGLang 0.5.23 multimodal_gen/runtime/vla/cuda_graph.py: "Captured VLA %s CUDA graph ...",
 # "VLA denoise CUDA graph capacity reached (%d); new signatures run eagerly").
 GRAPH_CAPTURED = re.compile(r"Captured VLA \w+ CUDA graph")
 GRAPH_CAPACITY_REACHED = re.compile(r"VLA \w+ CUDA graph capacity reached \((\d+)\)")
-# A slot whose server merged fewer requests per batch than the client sent together, by
-# this factor, has its "unexplained" verdict say so
-SPLIT = 0.9
+SPLIT = 0.9  # the server merged fewer requests than the client sent together by this: say so
 # SGLang's line for each batch it merged from several requests (0.5.23 runtime/managers/
 # scheduler.py: "Processed native grouped batch of %d/%d request(s) ...", "Processed native
 # grouped batch sequentially: %d/%d ...", "Processed dynamic batch of %d/%d ..."): requests of
@@ -440,11 +443,12 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
         and merged < SPLIT * figures.get("mean_batch", math.nan)  # False for NaN
         else ""
     )
+    bound = BOUND_HINT if figures["duty"] >= ALWAYS_BUSY else ""
     return Verdict(
         "unexplained",
         f"{head}, with latency, duty ({figures['duty']:.0%}) and batch fill "
-        f"({figures['batch_fill']:.0%}) as expected{stalls}{split}; compare the capacity "
-        "probe in the slot's service file with the serve log",
+        f"({figures['batch_fill']:.0%}) as expected{stalls}{split}{bound}; compare the "
+        "capacity probe in the slot's service file with the serve log",
     )
 
 
