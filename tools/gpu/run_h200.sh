@@ -15,9 +15,12 @@
 #                                     BATCHES, REPS, PIPE, DELAY, LOAD (render:N or physics:N
 #                                     LIBERO envs beside the server, tools/gpu/env_load.py),
 #                                     SATURATE (requesters of a closed
-#                                     loop, SATURATE_S seconds), BESIDE ("render:8 physics:8 render:8@4-15":
+#                                     loop, SATURATE_S seconds), BESIDE ("render:8 physics:8@4-15":
 #                                     the closed loop again beside each such load, and the
-#                                     load's rate with the server saturated and idle), TAG
+#                                     load's rate with the server saturated and idle; @CPUS
+#                                     runs it under taskset, @E on the cores PIN leaves), PIN
+#                                     (N: the server on N whole cores), TAG
+#   (wf-* also takes PIN: the server on N whole cores, snakemake and its envs on the rest)
 #   probe-render:ENVS                 tools/gpu/render_probe.py: ENVS real LIBERO envs render
 #                                     on GPU 0; their GL renderer and GPU memory
 # Setup runs first, once per machine: unpack the bundle into /tmp/lg, check the imports.
@@ -140,7 +143,7 @@ workflow() {  # family envs
   local plan=${PLAN:-all:$(( (2 * envs + 9) / 10 ))}
   local tasks=${plan%%:*} trials=${plan##*:}
   [ "$tasks" = all ] || tasks="[$tasks]"
-  local sglang_cmd="$L/bin/sglang" pin_envs=()
+  local sglang_cmd="$L/bin/sglang" pin_envs=() server_cpus="" env_cpus=""
   if [ -n "${PIN:-}" ]; then  # N: the server on N whole cores, snakemake and the envs on the rest
     read -r server_cpus env_cpus <<< "$(cpu_sets "$PIN")"
     sglang_cmd="taskset, -c, '$server_cpus', $L/bin/sglang"; pin_envs=(taskset -c "$env_cpus")
