@@ -3,6 +3,7 @@ state and image checks hold on real observations, and fail loudly for wrong stat
 
 from __future__ import annotations
 
+import collections
 import json
 import threading
 from collections.abc import Iterator
@@ -201,8 +202,12 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
     alone, merged = logs
     assert alone["server_batch"] == 1 and merged["server_batch"] == 2
     assert {request[2] for request in merged["requests"]} == {1}  # one observation each
-    sent = [request[0] for request in merged["requests"]]
-    assert len(sent) == 8 and len(set(sent)) == 4  # both envs' requests left together
+    sent = collections.Counter(request[0] for request in merged["requests"])
+    # both envs' requests left together: every time, or all but once where on a loaded machine
+    # one env's reset outlasted the idle server's hold (3 s) and the first left alone, as the
+    # dispatch should (its hold is tested with plain numbers in tests/test_dispatch.py)
+    assert sum(sent.values()) == 8 and max(sent.values()) == 2
+    assert list(sent.values()).count(2) >= 3
     # a merged request is built as its observation comes (the shard's loop), so that a
     # batch's requests leave together; a request of its own is built by its policy thread
     assert set(built_on["merged"]) == {"MainThread"} and len(built_on["merged"]) == 8
