@@ -3,7 +3,6 @@ state and image checks hold on real observations, and fail loudly for wrong stat
 
 from __future__ import annotations
 
-import collections
 import json
 import threading
 from collections.abc import Iterator
@@ -161,11 +160,13 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
     episodes = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
     # a server slower than the envs (3 s a batch), so that a batch waits for both envs
     merging = {"max_batch_size": 2, "latency_fixed_s": 3.0, "latency_per_item_s": 0.0}
+    # the probe's model says 30 s a batch: an idle server's hold (its fixed cost) then waits
+    # for the sibling env, however slow a loaded machine makes its reset, not a short deadline
     probes = [
-        {"observations": 1, "requests": 1, "seconds": 3.0},
-        {"observations": 2, "requests": 2, "seconds": 3.0},
+        {"observations": 1, "requests": 1, "seconds": 30.0},
+        {"observations": 2, "requests": 2, "seconds": 30.0},
     ]
-    capacity = {"max_batch_size": 2, "probes": probes, "obs_per_s": 0.67}
+    capacity = {"max_batch_size": 2, "probes": probes, "obs_per_s": 0.067}
     outcomes, logs, built_on = [], [], {}
     for name, server_capacity, model in (("alone", None, {}), ("merged", capacity, merging)):
         server = ReferenceServerSettings(
@@ -177,7 +178,7 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
         )
         settings, store = pi05_shard(tmp_path / name, norm_stats_path=str(STATS))
         settings.envs_per_shard = 2
-        settings.batch_timeout_s = 10.0  # the idle server's hold is then its fixed cost, 3 s
+        settings.batch_timeout_s = 60.0  # the idle server's hold is then its fixed cost
         build, built_on[name] = settings.adapter.build_request, []
 
         def recorded(observations, request_id, build=build, threads=built_on[name]):
@@ -202,12 +203,8 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
     alone, merged = logs
     assert alone["server_batch"] == 1 and merged["server_batch"] == 2
     assert {request[2] for request in merged["requests"]} == {1}  # one observation each
-    sent = collections.Counter(request[0] for request in merged["requests"])
-    # both envs' requests left together: every time, or all but once where on a loaded machine
-    # one env's reset outlasted the idle server's hold (3 s) and the first left alone, as the
-    # dispatch should (its hold is tested with plain numbers in tests/test_dispatch.py)
-    assert sum(sent.values()) == 8 and max(sent.values()) == 2
-    assert list(sent.values()).count(2) >= 3
+    sent = [request[0] for request in merged["requests"]]
+    assert len(sent) == 8 and len(set(sent)) == 4  # both envs' requests left together
     # a merged request is built as its observation comes (the shard's loop), so that a
     # batch's requests leave together; a request of its own is built by its policy thread
     assert set(built_on["merged"]) == {"MainThread"} and len(built_on["merged"]) == 8
