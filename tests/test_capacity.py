@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import json
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -20,9 +22,11 @@ import pytest
 from libero_eval import package_data
 from libero_eval.config import RunSettings
 from libero_eval.policy.capacity import (
+    CLOSED_LOOP_BATCHES,
+    CLOSED_LOOP_ROUNDS,
     CapacityProbe,
+    closed_loop_seconds_per_batch,
     measure_capacity,
-    seconds_per_batch,
     synthetic_observation,
 )
 from libero_eval.reference.server import serve_in_thread
@@ -213,9 +217,41 @@ def test_the_probe_crosses_to_the_serve_job_as_json_unchanged(default_config):
     assert CapacityProbe.from_dict(json.loads(json.dumps(probe.to_dict()))) == probe
 
 
-def test_a_merging_servers_batch_time_leaves_out_the_first_batch_back():
-    # 3 waves of 4 one-observation requests: the first batch back held 1 (alone at an idle
-    # server), then full batches of 4 every 2 s, then the last 3
-    answered = [0.5, 2.5, 2.5, 2.5, 2.5, 4.5, 4.5, 4.5, 4.5, 6.0, 6.0, 6.0]
-    assert seconds_per_batch(answered, 4) == pytest.approx((6.0 - 0.5) * 4 / 11)
-    assert seconds_per_batch([1.0, 1.0], 2) == 0.0  # all in one batch: nothing after it
+def test_a_merging_servers_closed_loop_is_timed_from_each_requesters_first_answer():
+    # 4 requesters, batches of 2, 0.5 s a batch: the first round came back split (requester 0
+    # alone at the idle server), then each requester's answers 1 s apart (two batches a cycle)
+    answered = [[0.5, 1.5, 2.5], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.5, 2.5, 3.5]]
+    assert closed_loop_seconds_per_batch(answered, 2) == pytest.approx(0.5)
+    # a slower requester (its cycles 2 s) lowers the rate: 3 x 1 + 0.5 observations a second
+    answered[3] = [1.5, 3.5, 5.5]
+    assert closed_loop_seconds_per_batch(answered, 2) == pytest.approx(2 / 3.5)
+    with pytest.raises(ValueError, match="requester 1 got answers at \\[2.0, 2.0\\]"):
+        closed_loop_seconds_per_batch([[1.0, 2.0], [2.0, 2.0]], 2)
+
+
+def test_a_merging_server_is_probed_by_a_closed_loop_of_two_batches_of_requesters():
+    log: list[str] = []
+    lock = threading.Lock()
+    ticks = itertools.count()
+
+    def clock() -> float:
+        with lock:
+            return float(next(ticks))
+
+    capacity = measure_capacity(
+        lambda: FakeConnection(log, per_request=1),
+        EchoAdapter(),
+        synthetic_observation(16),
+        merged_batch_size=3,
+        clock=clock,
+    )
+    requesters = CLOSED_LOOP_BATCHES * 3
+    assert [p["requests"] for p in capacity["probes"]] == [1, 3]
+    merged = [x for x in log if x.startswith("capacity-b3-")]
+    for run in ("warmup0", "0", "1"):  # one warm-up run, then two timed, each a closed loop
+        for requester in range(requesters):
+            sent = [x for x in merged if x.startswith(f"capacity-b3-{run}-{requester}-")]
+            # each requester sends its rounds one after another, on its own connection
+            assert sent == [f"capacity-b3-{run}-{requester}-{r}" for r in range(CLOSED_LOOP_ROUNDS)]
+    assert len(merged) == 3 * requesters * CLOSED_LOOP_ROUNDS
+    assert log.count("close") == requesters  # the batch-1 connection is one of them

@@ -21,6 +21,13 @@
 #                                     runs it under taskset, @E on the cores PIN leaves), PIN
 #                                     (N: the server on N whole cores), TAG
 #   (wf-* also takes PIN: the server on N whole cores, snakemake and its envs on the rest)
+#   sweep-FAMILY                      benchmarks/server_threads.py: one server per
+#                                     server.cpu_threads value in SWEEP (default 4,1,2,8,16,4),
+#                                     started together, measured one at a time (the others
+#                                     paused) alone and beside BESIDE; BENCH_BMS, SATURATE,
+#                                     SATURATE_S, PIPE, DELAY, TAG as bench
+#   cpu-probe                         tools/gpu/cpu_probe.py: one thread's speed alone and
+#                                     beside busy cores (spinning, streaming memory)
 #   probe-render:ENVS                 tools/gpu/render_probe.py: ENVS real LIBERO envs render
 #                                     on GPU 0; their GL renderer and GPU memory
 # Setup runs first, once per machine: unpack the bundle into /tmp/lg, check the imports.
@@ -237,6 +244,25 @@ bench() {  # family
   pack
 }
 
+sweep() {  # family
+  local family=$1 dir load extra=()
+  dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
+  local name="sweep_${family}${TAG:+_$TAG}"
+  [ -n "${PIPE:-}" ] && extra+=(--pipeline-config "$PIPE")
+  [ -n "${DELAY:-}" ] && extra+=(--batching-delay-ms "$DELAY")
+  for load in ${BESIDE:-}; do  # KIND:N, as in bench
+    extra+=(--beside "env CUDA_VISIBLE_DEVICES=0 MUJOCO_EGL_DEVICE_ID=0 python3 tools/gpu/env_load.py --envs ${load##*:} $([ "${load%%:*}" = render ] && echo --render) --seconds $(( ${SATURATE_S:-12} + 8 ))")
+  done
+  say "[$name] benchmarks/server_threads.py, threads ${SWEEP:-4,1,2,8,16,4}, batching_max_size ${BENCH_BMS:-16}, beside ${BESIDE:-none}"
+  timeout $(( $(left) - 10 )) python3 benchmarks/server_threads.py --config "$(config_of $family)" \
+    --model-path $dir --command $L/bin/sglang --attention-backend torch_sdpa \
+    --batching-max-size ${BENCH_BMS:-16} --threads "${SWEEP:-4,1,2,8,16,4}" \
+    --saturate ${SATURATE:-32} --saturate-s ${SATURATE_S:-12} "${extra[@]}" \
+    --log-dir "$R/${name}_logs" --json "$R/$name.json" 2>&1 | grep -v "Warning\|warn(" | tail -20
+  say "[$name] done; sglang processes left: $(pgrep -fc 'sglang serve' || true); GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
+  pack
+}
+
 probe() {  # envs
   say "[probe-render $1] tools/gpu/render_probe.py --envs $1"
   CUDA_VISIBLE_DEVICES=0 MUJOCO_EGL_DEVICE_ID=0 timeout $(( $(left) - 10 )) \
@@ -254,6 +280,8 @@ for phase in "$@"; do
     bench-cosmos3) need=170 ;;
     bench-pi05*) need=110 ;;
     probe-render:*) need=60 ;;
+    sweep-*) need=${NEED:-300} ;;
+    cpu-probe) need=40 ;;
     *) say "unknown phase $phase"; continue ;;
   esac
   if [ "$(left)" -lt "$need" ]; then say "SKIP $phase: $(left) s left, needs about $need"; continue; fi
@@ -262,6 +290,8 @@ for phase in "$@"; do
     wf-*) f=${phase#wf-}; workflow "${f%%:*}" "${f##*:}" ;;
     bench-*) bench "${phase#bench-}" ;;
     probe-render:*) probe "${phase#probe-render:}" ;;
+    sweep-*) sweep "${phase#sweep-}" ;;
+    cpu-probe) say "[cpu-probe]"; python3 tools/gpu/cpu_probe.py --loads spin:8 spin:15 stream:8 stream:15 --seconds 4 | tee "$R/cpu_probe.jsonl" ;;
   esac
 done
 pack

@@ -16,11 +16,15 @@ may carry (``PolicyConnection.max_batch_size()``, Cosmos3: one request of that m
 observations); for a family whose requests hold one observation each (π0.5) it is the number of
 concurrent requests the server merges into one batch (SGLang's ``--batching-max-size``, the
 reference server's ``max_batch_size``), each on its own connection (``requests`` =
-``observations``). Such a server merges what waits when it starts a batch, and requests sent
-"at once" reach it one after another: sent to an idle server they split (measured on an H200:
-16 + 12 + 4). So :data:`MERGED_WAVES` batches' worth are sent at once, which keeps the server
-saturated with merged batches, and the first batch to come back (answers that arrive together)
-is left out: ``seconds`` is the time per full batch after it.
+``observations``). Such a server is probed as the workflow's envs would load it if they took
+no time to step: a closed loop of :data:`CLOSED_LOOP_BATCHES` batches' worth of requesters, each
+sending :data:`CLOSED_LOOP_ROUNDS` requests one after another, so that while one batch computes
+the next is already queued (`benchmarks/sglang_server.py --saturate`, the server-alone figure of
+docs/performance.md). Each requester's cycle is timed from its first answer to its last, which
+leaves out the first round (it started at an idle server, which splits what reaches it one
+after another: measured on an H200, 16 + 12 + 4); ``seconds`` is ``observations`` over the sum
+of the requesters' rates. (The probe before it sent three batches' worth at once, and read
+0.30-0.33 s a batch of 16 on H200s where the closed loop gave 0.24 s.)
 
 The requests are synthetic: grey camera frames of the run's size, a robot at rest, and (when
 the run sends privileged state, for the reference server's scripted expert) a scene with
@@ -44,7 +48,8 @@ from libero_eval.policy.families import make_adapter
 
 WARMUP_CALLS = 1
 TIMED_CALLS = 2
-MERGED_WAVES = 3  # a merging server's batches in flight while it is probed
+CLOSED_LOOP_BATCHES = 2  # a merging server's closed loop: batches' worth of requesters
+CLOSED_LOOP_ROUNDS = 4  # requests each requester sends, one after another
 PROBE_TASK = "capacity probe: hold still"
 
 
@@ -94,16 +99,21 @@ def measure_capacity(
         return clock() - started
 
     def merged_requests(count: int, tag: str) -> float:
-        # one connection per concurrent request (a connection carries one at a time)
-        def ask(index: int) -> float:
-            payload = adapter.build_request([observation], request_id=f"capacity-{tag}-{index}")
-            adapter.parse_response(connections[index].infer(payload), 1)
-            return clock()
+        # a closed loop, one connection per requester (a connection carries one at a time)
+        requesters = CLOSED_LOOP_BATCHES * count
 
-        total = MERGED_WAVES * count
-        with ThreadPoolExecutor(max_workers=total) as pool:
-            answered = sorted(pool.map(ask, range(total)))
-        return seconds_per_batch(answered, count)
+        def ask(index: int) -> list[float]:
+            answered = []
+            for round_ in range(CLOSED_LOOP_ROUNDS):
+                payload = adapter.build_request(
+                    [observation], request_id=f"capacity-{tag}-{index}-{round_}"
+                )
+                adapter.parse_response(connections[index].infer(payload), 1)
+                answered.append(clock())
+            return answered
+
+        with ThreadPoolExecutor(max_workers=requesters) as pool:
+            return closed_loop_seconds_per_batch(list(pool.map(ask, range(requesters))), count)
 
     try:
         plan: list[tuple[int, int, Callable[[str], float]]] = [
@@ -113,7 +123,9 @@ def measure_capacity(
         if per_request > 1:
             plan.append((per_request, 1, lambda tag: one_request(per_request, tag)))
         elif merged_batch_size > 1:
-            connections += [connect_once() for _ in range(MERGED_WAVES * merged_batch_size - 1)]
+            connections += [
+                connect_once() for _ in range(CLOSED_LOOP_BATCHES * merged_batch_size - 1)
+            ]
             plan.append(
                 (
                     merged_batch_size,
@@ -136,18 +148,20 @@ def measure_capacity(
     return {"max_batch_size": plan[-1][0], "probes": probes, "obs_per_s": round(best, 2)}
 
 
-def seconds_per_batch(answered: list[float], batch: int) -> float:
-    """Seconds per batch of `batch` observations of a saturated merging server, from the
-    sorted times its one-observation answers came back: the first batch back (the answers
-    within a tenth of the mean time per answer of the first) is left out, since it may have
-    started with whatever had arrived."""
-    span = answered[-1] - answered[0]
-    close = 0.1 * span / max(1, len(answered) - 1)
-    first = sum(1 for t in answered if t - answered[0] <= close)
-    rest = len(answered) - first
-    if rest <= 0 or span <= 0:
-        return span
-    return (answered[-1] - answered[first - 1]) * batch / rest
+def closed_loop_seconds_per_batch(answered: list[list[float]], batch: int) -> float:
+    """Seconds per batch of `batch` observations of a merging server in a closed loop, from the
+    times each requester's answers came back (one list per requester). Each requester's cycle
+    is timed from its first answer to its last, which leaves out the first round (started at
+    an idle server); the server's rate is the sum of the requesters' rates."""
+    obs_per_s = 0.0
+    for index, times in enumerate(answered):
+        if len(times) < 2 or times[-1] <= times[0]:
+            raise ValueError(
+                f"closed-loop requester {index} got answers at {times}: at least two, "
+                "at different times, are needed to time the server"
+            )
+        obs_per_s += (len(times) - 1) / (times[-1] - times[0])
+    return batch / obs_per_s
 
 
 @dataclass(frozen=True)
