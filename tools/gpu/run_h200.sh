@@ -251,13 +251,13 @@ sweep() {  # family
   [ -n "${PIPE:-}" ] && extra+=(--pipeline-config "$PIPE")
   [ -n "${DELAY:-}" ] && extra+=(--batching-delay-ms "$DELAY")
   for load in ${BESIDE:-}; do  # KIND:N, as in bench
-    extra+=(--beside "env CUDA_VISIBLE_DEVICES=0 MUJOCO_EGL_DEVICE_ID=0 python3 tools/gpu/env_load.py --envs ${load##*:} $([ "${load%%:*}" = render ] && echo --render) --seconds $(( ${SATURATE_S:-12} + 8 ))")
+    extra+=(--beside "env CUDA_VISIBLE_DEVICES=0 MUJOCO_EGL_DEVICE_ID=0 python3 tools/gpu/env_load.py --envs ${load##*:} $([ "${load%%:*}" = render ] && echo --render) --seconds $(( ${SATURATE_S:-12} + 10 ))")
   done
   say "[$name] benchmarks/server_threads.py, threads ${SWEEP:-4,1,2,8,16,4}, batching_max_size ${BENCH_BMS:-16}, beside ${BESIDE:-none}"
   timeout $(( $(left) - 10 )) python3 benchmarks/server_threads.py --config "$(config_of $family)" \
     --model-path $dir --command $L/bin/sglang --attention-backend torch_sdpa \
     --batching-max-size ${BENCH_BMS:-16} --threads "${SWEEP:-4,1,2,8,16,4}" \
-    --saturate ${SATURATE:-32} --saturate-s ${SATURATE_S:-12} "${extra[@]}" \
+    --saturate ${SATURATE:-32} --saturate-s ${SATURATE_S:-12} --idle-s 8 "${extra[@]}" \
     --log-dir "$R/${name}_logs" --json "$R/$name.json" 2>&1 | grep -v "Warning\|warn(" | tail -20
   say "[$name] done; sglang processes left: $(pgrep -fc 'sglang serve' || true); GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
   pack
