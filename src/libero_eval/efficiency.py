@@ -41,8 +41,8 @@ LOW_DUTY = 0.8
 LOW_FILL = 0.8
 ALWAYS_BUSY = 0.95  # client-side duty at or above this: the server was the bound
 BOUND_HINT = (  # measured on one H200 (12-13% slower beside 8 busy env cores of 16)
-    "; the server always had work, so it was the bound: it slows beside busy env cores, and a "
-    'merging one\'s probe reads low (docs/performance.md, "Beside the envs"): fewer envs per node'
+    "; the server always had work, so it was the bound: it slows beside busy env cores "
+    '(docs/performance.md, "Beside the envs"): fewer envs per node, or more cores per GPU'
 )
 
 # SGLang's VLA CUDA-graph runners log every capture, and once that their capacity is reached
