@@ -35,13 +35,18 @@ from typing import Any
 import psutil
 import yaml
 
-from libero_eval.policy.families import make_adapter
 from libero_eval.policy.http_connection import HttpConnection
 from libero_eval.serve.launcher import ManagedServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from sglang_server import GpuMemory, saturate, saturate_beside, server_settings  # noqa: E402
+from sglang_server import (  # noqa: E402
+    GpuMemory,
+    family_adapter,
+    saturate,
+    saturate_beside,
+    server_settings,
+)
 
 
 def members(server: ManagedServer) -> list[psutil.Process]:
@@ -108,13 +113,7 @@ def stop_all(servers: list[ManagedServer]) -> dict[str, Any]:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     config = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
-    family = config["policy"].get("family", "cosmos3")
-    policy = dict(config["policy"])
-    if family == "cosmos3":
-        policy = dict(policy["cosmos3"])
-    else:
-        policy["pi05"] = dict(policy["pi05"], checkpoint=str(args.model_path))
-    adapter = make_adapter(family, policy)
+    family, adapter = family_adapter(config, args.model_path)
     base = server_settings(config, args)
     values = list(dict.fromkeys(args.threads))  # one server per distinct value
     args.log_dir.mkdir(parents=True, exist_ok=True)

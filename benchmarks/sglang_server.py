@@ -267,15 +267,20 @@ def saturate_beside(
     return result
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
-    config = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
+def family_adapter(config: dict[str, Any], model_path: str) -> tuple[str, Any]:
+    """The config's policy family and the project's adapter for it, for `model_path`."""
     family = config["policy"].get("family", "cosmos3")
     policy = dict(config["policy"])
     if family == "cosmos3":
         policy = dict(policy["cosmos3"])  # its action_stats_path: package data or a path
     else:  # the served checkpoint decides the request layout (policy.families.pi05.checkpoint)
-        policy["pi05"] = dict(policy["pi05"], checkpoint=str(args.model_path))
-    adapter = make_adapter(family, policy)
+        policy["pi05"] = dict(policy["pi05"], checkpoint=str(model_path))
+    return family, make_adapter(family, policy)
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    config = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
+    family, adapter = family_adapter(config, args.model_path)
     settings = server_settings(config, args)
     result: dict[str, Any] = {"family": family, "batching_max_size": args.batching_max_size}
     rng = np.random.default_rng(0)
