@@ -22,10 +22,8 @@ Prints a Markdown table; `--json` keeps every figure.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
-import os
 import signal
 import sys
 import time
@@ -43,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sglang_server import (  # noqa: E402
     GpuMemory,
     family_adapter,
+    is_alive,
     saturate,
     saturate_beside,
     server_settings,
@@ -61,22 +60,12 @@ def members(server: ManagedServer) -> list[psutil.Process]:
 
 def pause(server: ManagedServer) -> None:
     """Stop every process of the server (SIGSTOP), its group and any descendant outside it."""
-    _signal(server, signal.SIGSTOP)
+    server.send_signal(signal.SIGSTOP)
 
 
 def resume(server: ManagedServer) -> None:
     """Continue every process of a paused server (SIGCONT)."""
-    _signal(server, signal.SIGCONT)
-
-
-def _signal(server: ManagedServer, signum: int) -> None:
-    processes = members(server)
-    if server.pgid is not None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(server.pgid, signum)
-    for process in processes:
-        with contextlib.suppress(psutil.Error):
-            process.send_signal(signum)
+    server.send_signal(signal.SIGCONT)
 
 
 def cpu_seconds(server: ManagedServer) -> float:
@@ -99,14 +88,10 @@ def stop_all(servers: list[ManagedServer]) -> dict[str, Any]:
     for server in servers:
         resume(server)
         codes.append(server.stop())
-    left = 0
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            left += psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     return {
         "exit_codes": codes,
         "server_processes": len(pids),
-        "processes_left": left,
+        "processes_left": sum(is_alive(pid) for pid in pids),
         "teardown_s": round(time.monotonic() - started, 2),
     }
 

@@ -339,7 +339,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         started = time.monotonic()
         result["exit_code"] = server.stop()
         result["teardown_s"] = round(time.monotonic() - started, 2)
-        result["processes_left"] = sum(psutil.pid_exists(pid) and _alive(pid) for pid in members)
+        result["processes_left"] = sum(psutil.pid_exists(pid) and is_alive(pid) for pid in members)
         time.sleep(2.0)
         result["gpu_after_teardown_mib"] = gpu.used_mib()
     if log is not sys.stdout:
@@ -347,7 +347,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _alive(pid: int) -> bool:
+def is_alive(pid: int) -> bool:
     try:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:

@@ -315,6 +315,12 @@ class ManagedServer:
             self._known.setdefault(proc.pid, proc)
         return [p for p in found if _is_alive(p)]
 
+    def send_signal(self, signum: int) -> None:
+        """Send `signum` to every process of the server: its process group, and its descendants
+        (tracked now) that left the group. For a started server only."""
+        self.track_descendants()
+        self._signal_all(signum)
+
     def _group_members(self) -> list[psutil.Process]:
         pgid = self.pgid
         members = []
