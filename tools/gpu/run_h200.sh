@@ -202,6 +202,19 @@ EOF
   pack
 }
 
+beside_args() {  # SECONDS ENV_CPUS: BESIDE_ARGS, a --beside per BESIDE load (KIND:N[@CPUS]:
+  # N LIBERO envs, rendering on GPU 0 or physics only, for SECONDS; @CPUS under taskset, @E on
+  # ENV_CPUS, the cores PIN leaves)
+  BESIDE_ARGS=()
+  local load cpus envs
+  for load in ${BESIDE:-}; do
+    cpus="" envs=${load##*:}
+    [[ $envs == *@* ]] && cpus="taskset -c ${envs#*@}" && envs=${envs%@*}
+    [ "$cpus" = "taskset -c E" ] && cpus="taskset -c $2"
+    BESIDE_ARGS+=(--beside "env CUDA_VISIBLE_DEVICES=0 MUJOCO_EGL_DEVICE_ID=0 $cpus python3 tools/gpu/env_load.py --envs $envs $([ "${load%%:*}" = render ] && echo --render) --seconds $1")
+  done
+}
+
 bench() {  # family
   local family=$1 dir
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
@@ -209,18 +222,13 @@ bench() {  # family
   [ -n "${PIPE:-}" ] && extra+=(--pipeline-config "$PIPE")
   [ -n "${DELAY:-}" ] && extra+=(--batching-delay-ms "$DELAY")
   [ -n "${SATURATE:-}" ] && extra+=(--saturate "$SATURATE" --saturate-s "${SATURATE_S:-20}")
-  local load sglang_cmd=($L/bin/sglang) server_cpus="" env_cpus=""
+  local sglang_cmd=($L/bin/sglang) server_cpus="" env_cpus=""
   if [ -n "${PIN:-}" ]; then  # N: the server on N whole cores; @E in BESIDE: the other cores
     read -r server_cpus env_cpus <<< "$(cpu_sets "$PIN")"
     printf '#!/bin/sh\nexec taskset -c %s %s "$@"\n' "$server_cpus" "$L/bin/sglang" > $L/bin/sglang_pinned
     chmod +x $L/bin/sglang_pinned; sglang_cmd=($L/bin/sglang_pinned)  # (argparse takes no "-c")
   fi
-  for load in ${BESIDE:-}; do  # KIND:N[@CPUS], as LOAD, but around a closed loop; @CPUS: taskset
-    local cpus="" envs=${load##*:}
-    [[ $envs == *@* ]] && cpus="taskset -c ${envs#*@}" && envs=${envs%@*}
-    [ "$cpus" = "taskset -c E" ] && cpus="taskset -c $env_cpus"
-    extra+=(--beside "env CUDA_VISIBLE_DEVICES=0 MUJOCO_EGL_DEVICE_ID=0 $cpus python3 tools/gpu/env_load.py --envs $envs $([ "${load%%:*}" = render ] && echo --render) --seconds $(( ${SATURATE_S:-20} + 10 ))")
-  done
+  beside_args $(( ${SATURATE_S:-20} + 10 )) "$env_cpus"; extra+=("${BESIDE_ARGS[@]}")
   say "[$name] benchmarks/sglang_server.py, batching_max_size ${BENCH_BMS:-32}, pipeline ${PIPE:-default}, saturate ${SATURATE:-no}, load ${LOAD:-none}, beside ${BESIDE:-none}, pin ${PIN:-no} ${server_cpus} / ${env_cpus}"
   local load_pid=""
   if [ -n "${LOAD:-}" ]; then  # KIND:N: N LIBERO envs stepping beside the server (tools/gpu/env_load.py)
@@ -245,14 +253,12 @@ bench() {  # family
 }
 
 sweep() {  # family
-  local family=$1 dir load extra=()
+  local family=$1 dir extra=()
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
   local name="sweep_${family}${TAG:+_$TAG}"
   [ -n "${PIPE:-}" ] && extra+=(--pipeline-config "$PIPE")
   [ -n "${DELAY:-}" ] && extra+=(--batching-delay-ms "$DELAY")
-  for load in ${BESIDE:-}; do  # KIND:N, as in bench
-    extra+=(--beside "env CUDA_VISIBLE_DEVICES=0 MUJOCO_EGL_DEVICE_ID=0 python3 tools/gpu/env_load.py --envs ${load##*:} $([ "${load%%:*}" = render ] && echo --render) --seconds $(( ${SATURATE_S:-12} + 10 ))")
-  done
+  beside_args $(( ${SATURATE_S:-12} + 10 )) ""; extra+=("${BESIDE_ARGS[@]}")
   say "[$name] benchmarks/server_threads.py, threads ${SWEEP:-4,1,2,8,16,4}, batching_max_size ${BENCH_BMS:-16}, beside ${BESIDE:-none}"
   timeout $(( $(left) - 10 )) python3 benchmarks/server_threads.py --config "$(config_of $family)" \
     --model-path $dir --command $L/bin/sglang --attention-backend torch_sdpa \
