@@ -20,7 +20,10 @@
 #                                     load's rate with the server saturated and idle; @CPUS
 #                                     runs it under taskset, @E on the cores PIN leaves), PIN
 #                                     (N: the server on N whole cores), TAG
-#   (wf-* also takes PIN: the server on N whole cores, snakemake and its envs on the rest)
+#   (wf-* also takes PIN: the server on N whole cores, snakemake and its envs on the rest;
+#   PYSPY=S[@W]: py-spy samples the server's 3 busiest processes for S seconds, W (40) after
+#   it is ready, where BUNDLE holds py-spy's wheel; bench-* with SATURATE takes PYSPY too, 3 s
+#   into its first closed loop)
 #   sweep-FAMILY                      benchmarks/server_threads.py: one server per
 #                                     server.cpu_threads value in SWEEP (default 4,1,2,8,16,4),
 #                                     started together, measured one at a time (the others
@@ -79,6 +82,9 @@ setup() {
     printf '#!%s\nimport sys\nfrom sglang.cli.main import main\nif __name__ == "__main__":\n    sys.exit(main())\n' \
       "$(command -v python3)" > $L/bin/sglang
     printf '#!/bin/sh\nexec python3 -m snakemake "$@"\n' > $L/bin/snakemake
+    if ls "$BUNDLE"/py_spy-*.whl >/dev/null 2>&1; then  # optional: PYSPY in wf-* (a profiler)
+      python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); n = [f for f in z.namelist() if f.endswith('/scripts/py-spy')][0]; open(sys.argv[2], 'wb').write(z.read(n))" "$(ls "$BUNDLE"/py_spy-*.whl | head -1)" $L/bin/py-spy && chmod +x $L/bin/py-spy
+    fi
     chmod +x $L/bin/sglang $L/bin/snakemake
     touch $L/ok
     say "setup: unpacked $(du -sh $L/site | cut -f1) site, $(du -sh $L/libero | cut -f1) LIBERO"
@@ -134,6 +140,27 @@ config_of() {
   esac
 }
 
+spy_on() {  # NAME FILE PATTERN WAIT: once FILE holds a line matching PATTERN, WAIT seconds
+  # later (PYSPY=S[@W]: W instead), py-spy samples the server's 3 busiest processes for S seconds
+  local spy_s=${PYSPY%@*} spy_wait=$4 pids pid
+  [[ $PYSPY == *@* ]] && spy_wait=${PYSPY#*@}
+  for _ in $(seq 900); do grep -q "$3" "$2" 2>/dev/null && break; sleep 1; done
+  sleep "$spy_wait"
+  pids=$(pgrep -d, -f "sglang|sgl_diffusion|multimodal_gen")
+  for pid in $(ps -o pid= --sort=-pcpu -p "$pids" | head -3); do
+    timeout $((spy_s + 20)) $L/bin/py-spy record -p "$pid" -d "$spy_s" -r 50 --nonblocking -f raw \
+      -o "$R/pyspy_${1}_$pid.txt" > "$R/pyspy_${1}_$pid.log" 2>&1 &
+  done
+  ps -eo pid,ppid,pcpu,comm,args --sort=-pcpu | head -40 > "$R/ps_$1.txt"
+  wait
+}
+
+spy_report() {  # NAME PID: wait for spy_on, then say what it got
+  [ -n "$2" ] || return 0
+  wait "$2" 2>/dev/null
+  say "[$1] py-spy: $(ls $R/pyspy_$1_*.txt 2>/dev/null | wc -l) profiles; $(cat $R/pyspy_$1_*.log 2>/dev/null | grep -iE 'error|denied|permission' | sort -u | head -3 | tr '\n' ' ')"
+}
+
 workflow() {  # family envs
   # The overlay sets only the random checkpoint, the attention backend, one slot, the env
   # count, the plan and max_steps: the shipped config's server and rollout defaults stay.
@@ -182,6 +209,8 @@ EOF
   say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}, delay ${DELAY:-config}, pin ${PIN:-no} ${server_cpus:-} / ${env_cpus:-}, overlay ${OVERLAY:-none}"
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 --cpu &
   local mon=$!
+  local spy=""
+  [ -n "${PYSPY:-}" ] && { spy_on "$run" results/$run/servers/slot0.json '"status": "ready"' 40 & spy=$!; }
   local ts=$(date +%s.%N)
   timeout -k 10 $(( $(left) - 30 )) "${pin_envs[@]}" python3 -m snakemake --cores 40 --scheduler greedy --rerun-incomplete \
     --configfile "${CONFIG:-$(config_of $family)}" /tmp/overlay_$run.yaml "${extra[@]}" \
@@ -190,6 +219,7 @@ EOF
   local wall=$(python3 -c "import time; print(round(time.time() - $ts, 1))")
   sleep 2
   kill $mon 2>/dev/null; wait $mon 2>/dev/null
+  spy_report "$run" "$spy"
   say "[$run] snakemake rc=$rc in ${wall}s; sglang processes left: $(pgrep -fc 'sglang' || true); GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader); host used $(free -g | awk '/Mem/{print $3}') GiB; load $(cut -d' ' -f1-3 /proc/loadavg)"
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --summary
   mkdir -p "$R/$run"
@@ -240,10 +270,13 @@ bench() {  # family
     for _ in $(seq 60); do grep -q ready "$R/load_$name.txt" 2>/dev/null && break; sleep 1; done
     say "[$name] load: $(head -1 "$R/load_$name.txt")"
   fi
+  local spy=""  # PYSPY: sampled from 3 s into the closed loop (after the BATCH lines)
+  [ -n "${PYSPY:-}" ] && [ -n "${SATURATE:-}" ] && { spy_on "$name" "$R/$name.out" '^BATCH' 3 & spy=$!; }
   timeout $(( $(left) - 10 )) python3 benchmarks/sglang_server.py --config "$(config_of $family)" \
     --model-path $dir --command "${sglang_cmd[@]}" --attention-backend torch_sdpa \
     --batching-max-size ${BENCH_BMS:-32} --batches ${BATCHES:-1,8,16,32} --reps ${REPS:-2} "${extra[@]}" \
-    --log "$R/${name}_serve.log" --json "$R/$name.json" 2>&1 | grep -v "Warning\|warn(" | tail -20
+    --log "$R/${name}_serve.log" --json "$R/$name.json" 2>&1 | tee "$R/$name.out" | grep -v "Warning\|warn(" | tail -20
+  spy_report "$name" "$spy"
   grep -hE "memory config|Captured VLA|graph capacity reached" "$R/${name}_serve.log" | cut -c1-160
   if [ -n "$load_pid" ]; then
     timeout 60 tail --pid=$load_pid -f /dev/null; pkill -f tools/gpu/env_load.py; wait $load_pid 2>/dev/null; say "[$name] load stopped: $(tail -1 "$R/load_$name.txt")"
