@@ -9,7 +9,6 @@ from conftest import make_record
 
 from libero_eval.efficiency import (
     Capacity,
-    EfficiencyInputError,
     ServeLog,
     busy_seconds,
     diagnose,
@@ -22,6 +21,7 @@ from libero_eval.efficiency import (
     slot_efficiency,
     write_efficiency,
 )
+from libero_eval.efficiency_inputs import EfficiencyInputError
 from libero_eval.plan import Episode
 from libero_eval.store import EpisodeStore
 
@@ -178,9 +178,51 @@ def test_verdict_unexplained_otherwise():
 def test_verdict_unexplained_names_the_server_as_the_bound_when_it_always_had_work():
     # the H200 runs beside 32 envs: duty 99%, full batches, the server's pace below its probe
     busy = diagnose(figures(duty=0.99)).message
-    assert "the server always had work" in busy and "fewer envs per node" in busy
-    assert "Beside the envs" in busy
+    assert "the server always had work" in busy and "more envs per GPU" in busy
+    assert "Where the server's time goes" in busy
     assert "always had work" not in diagnose(figures(duty=0.9)).message
+
+
+def test_verdict_judges_a_slowed_server_by_its_pace_where_the_run_had_full_batches():
+    # the LeRobot lineage on the H200: latency 0.31 s against 0.18 s predicted (the wait behind
+    # the other batch in flight), its full batches 0.28 s against 0.22 s: not slowed
+    lerobot = dict(latency_mean_s=0.31, predicted_latency_s=0.18, batch_fill=0.64)
+    assert diagnose(figures(**lerobot)).cause == "slowed_server"  # by latency alone
+    paced = diagnose(figures(**lerobot, full_batch_s=0.28, probe_full_batch_s=0.22))
+    assert paced.cause == "batches_unfilled"
+    slowed = diagnose(figures(full_batch_s=0.5, probe_full_batch_s=0.22))
+    assert (
+        slowed.cause == "slowed_server" and "a full batch took 0.50 s vs 0.22 s" in slowed.message
+    )
+    unexplained = diagnose(figures(full_batch_s=0.30, probe_full_batch_s=0.24)).message
+    assert "its full batches took 0.30 s against 0.24 s at the probe" in unexplained
+
+
+def test_a_runs_pace_comes_from_full_server_batches_it_had_queued():
+    # merged one-observation requests (batch 4): answers within 15 ms are one server batch
+    def merged(sent, answered, n=4, spread=0.005):
+        return [(sent, answered + i * spread / n, 1, True, f"b{sent}", T0 + sent) for i in range(n)]
+
+    requests = [
+        *merged(0.0, 1.0),  # the first batch: nothing before it to time it from
+        *merged(0.5, 2.2),  # queued (left at 0.5, before 1.0): 1.2 s
+        *merged(1.5, 3.2),  # queued: 1.0 s
+        *merged(3.5, 4.9),  # left after the previous answer (3.2): the server waited, untimed
+        *merged(4.0, 5.4, n=3),  # partial: untimed
+    ]
+    row = slot_efficiency(
+        [dispatch(requests=requests, max_batch_size=1, server_batch=4)], capacity()
+    )
+    assert row["full_batch_s"] == pytest.approx(1.1, abs=1e-6)  # median of 1.2 and 1.0
+    assert row["probe_full_batch_s"] == pytest.approx(2.5)  # the probes' fit at 4
+    # a server that takes whole batches in one request (Cosmos3): each answer its own batch
+    whole = [(0, 1, 4, True), (0.5, 2.0, 4, True), (1.5, 3.5, 4, True)]
+    assert slot_efficiency([dispatch(requests=whole)], capacity())["full_batch_s"] == pytest.approx(
+        1.25,
+        abs=1e-6,  # the median of 1.0 and 1.5
+    )
+    alone = slot_efficiency([dispatch(requests=[(0, 1, 4, True)])], None)
+    assert math.isnan(alone["full_batch_s"]) and math.isnan(alone["probe_full_batch_s"])
 
 
 # A π0.5 server's log as SGLang 0.5.23 writes it (lines from a run on the H200, shortened):

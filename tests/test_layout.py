@@ -35,7 +35,19 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # `reference`); neither imports the other (test below), both get settings built above.
     ("jobs", ("rollout", "serve", "reference")),
     ("config", ("config",)),
-    ("results", ("aggregate", "compare", "efficiency", "leaderboard", "robustness", "selftest")),
+    (
+        "results",
+        (
+            "aggregate",
+            "compare",
+            "efficiency",
+            "efficiency_inputs",
+            "server_pace",
+            "leaderboard",
+            "robustness",
+            "selftest",
+        ),
+    ),
     ("report", ("report",)),
     ("commands", ("cli", "schema_doc")),
 )

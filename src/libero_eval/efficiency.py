@@ -18,9 +18,7 @@ one event-log line per slot.
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +27,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from libero_eval.efficiency_inputs import (
+    Capacity,
+    ServeLog,
+    read_capacity,
+    read_dispatch_log,
+    read_serve_log,
+)
 from libero_eval.eventlog import log_event
+from libero_eval.server_pace import full_batch_seconds
 
 # A slot below this fraction of its server's capacity gets a warning.
 LOW_FRACTION = 0.8
@@ -40,41 +46,14 @@ LOW_DUTY = 0.8
 # Mean batch fill below this (with a high duty): batches leave the server's batch unused.
 LOW_FILL = 0.8
 ALWAYS_BUSY = 0.95  # client-side duty at or above this: the server was the bound
-BOUND_HINT = (  # measured on one H200 (12-13% slower beside 8 busy env cores of 16)
-    "; the server always had work, so it was the bound: it slows beside busy env cores "
-    '(docs/performance.md, "Beside the envs"): fewer envs per node, or more cores per GPU'
+BOUND_HINT = (  # measured on one H200: docs/performance.md, "Where the server's time goes"
+    "; the server always had work, so it was the bound: beside the envs, whose renders share "
+    "its GPU, its batches take longer than at its probe, and a free server starts the "
+    "requests that have come (split batches); more envs per GPU keep it queued (on one H200 "
+    '48 gave 8% more than 32: docs/performance.md, "Where the server\'s time goes")'
 )
 
-# SGLang's VLA CUDA-graph runners log every capture, and once that their capacity is reached
-# (SGLang 0.5.23 multimodal_gen/runtime/vla/cuda_graph.py: "Captured VLA %s CUDA graph ...",
-# "VLA denoise CUDA graph capacity reached (%d); new signatures run eagerly").
-GRAPH_CAPTURED = re.compile(r"Captured VLA \w+ CUDA graph")
-GRAPH_CAPACITY_REACHED = re.compile(r"VLA \w+ CUDA graph capacity reached \((\d+)\)")
 SPLIT = 0.9  # the server merged fewer requests than the client sent together by this: say so
-# SGLang's line for each batch it merged from several requests (0.5.23 runtime/managers/
-# scheduler.py: "Processed native grouped batch of %d/%d request(s) ...", "Processed native
-# grouped batch sequentially: %d/%d ...", "Processed dynamic batch of %d/%d ..."): requests of
-# the batch / its --batching-max-size
-SERVER_BATCH = re.compile(
-    r"Processed (?:native grouped|dynamic) batch (?:sequentially: |of )(\d+)/(\d+)"
-)
-# the serve job's line once its server is ready (libero_eval.serve.job)
-SERVER_READY = re.compile(r"\[libero_eval\.serve\.job\] slot \d+: ready at ")
-
-DISPATCH_KEYS = (
-    "shard",
-    "slot",
-    "server_url",
-    "envs",
-    "max_batch_size",
-    "max_inflight_requests",
-    "started_at",
-    "ended_at",
-    "requests",
-    "env_seconds",
-    "reused_episodes",
-    "episodes_run",
-)
 COLUMNS = (
     "slot",
     "shards",
@@ -106,44 +85,11 @@ COLUMNS = (
     "server_batches",
     "server_mean_batch",
     "send_spread_ms",
+    "full_batch_s",
+    "probe_full_batch_s",
     "cause",
     "warning",
 )
-
-
-class EfficiencyInputError(ValueError):
-    """A dispatch log or a service file's capacity that cannot be read; names the file."""
-
-
-@dataclass(frozen=True)
-class Capacity:
-    """A server's capacity probe (the service file's `"capacity"`)."""
-
-    max_batch_size: int
-    obs_per_s: float
-    probes: pd.DataFrame  # columns observations, requests, seconds: one row per probe
-
-    def latency_fit(self) -> tuple[float, float] | None:
-        """(fixed_s, per_observation_s) of seconds = fixed + per_item x observations, least
-        squares through the probes; None with fewer than two distinct batch sizes."""
-        n = self.probes["observations"].to_numpy(float)
-        if len(np.unique(n)) < 2:
-            return None
-        per_item, fixed = np.polyfit(n, self.probes["seconds"].to_numpy(float), 1)
-        return float(fixed), float(per_item)
-
-
-@dataclass(frozen=True)
-class ServeLog:
-    """What a server's log says once it was ready: how many CUDA graphs it captured (each
-    capture stalls one batch), the graph capacity it reported reaching (None: never, or no
-    graphs), and the requests of each batch it merged (empty where it logs none: requests it
-    does not merge, the reference server). `graphs` is whether it logs CUDA graphs at all."""
-
-    graphs: bool
-    captured_serving: int
-    capacity_reached: int | None
-    batches: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -153,105 +99,6 @@ class Verdict:
 
     cause: str
     message: str
-
-
-# --------------------------------------------------------------------------- reading
-
-
-def read_dispatch_log(path: Path | str) -> dict[str, Any]:
-    """One shard's dispatch log, checked: every key present, `requests` well formed."""
-    path = Path(path)
-    try:
-        log = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise EfficiencyInputError(
-            f"{path}: no dispatch log; the rollout job writes it at the end of the shard, "
-            "rerun the workflow to produce it"
-        ) from None
-    except json.JSONDecodeError as exc:
-        raise EfficiencyInputError(
-            f"{path}: not JSON ({exc}); delete it and rerun the workflow to rewrite it"
-        ) from None
-    missing = [k for k in DISPATCH_KEYS if not isinstance(log, dict) or k not in log]
-    if missing:
-        raise EfficiencyInputError(
-            f"{path}: dispatch log lacks {missing}; it was written by an older runner, "
-            "delete it and rerun the workflow to rewrite it"
-        )
-    for i, entry in enumerate(log["requests"]):
-        if not (isinstance(entry, list | tuple) and len(entry) in (4, 5, 6)):
-            raise EfficiencyInputError(
-                f"{path}: requests[{i}] is {entry!r}, expected "
-                "[sent_at, answered_at, observations, ok, batch, left_at]; delete it and "
-                "rerun the workflow"
-            )
-        if entry[1] < entry[0]:
-            raise EfficiencyInputError(
-                f"{path}: requests[{i}] was answered before it was sent ({entry!r}); "
-                "delete it and rerun the workflow"
-            )
-    if not {"waiting", "stepping"} <= set(log["env_seconds"]):
-        raise EfficiencyInputError(
-            f"{path}: env_seconds needs 'waiting' and 'stepping', got {log['env_seconds']!r}; "
-            "delete it and rerun the workflow"
-        )
-    return log
-
-
-def read_capacity(service_file: Path | str) -> Capacity | None:
-    """The capacity probe of a slot's service file; None when the file or its `capacity`
-    is missing (older runs, a failed probe)."""
-    path = Path(service_file)
-    if not path.is_file():
-        return None
-    try:
-        capacity = json.loads(path.read_text()).get("capacity")
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise EfficiencyInputError(
-            f"{path}: not a service file ({exc}); delete it, the serve job rewrites it"
-        ) from None
-    if capacity is None:
-        return None
-    try:
-        probes = pd.DataFrame(capacity["probes"], columns=["observations", "requests", "seconds"])
-        result = Capacity(int(capacity["max_batch_size"]), float(capacity["obs_per_s"]), probes)
-    except (KeyError, TypeError, ValueError) as exc:
-        raise EfficiencyInputError(
-            f"{path}: its capacity needs max_batch_size, probes (observations, requests, "
-            f"seconds) and obs_per_s ({exc!r}); delete the file, the serve job rewrites it"
-        ) from None
-    if probes.isna().any().any() or (probes["seconds"] <= 0).any():
-        raise EfficiencyInputError(
-            f"{path}: a capacity probe lacks a field or took no time: "
-            f"{capacity['probes']!r}; delete the file, the serve job rewrites it"
-        )
-    return result
-
-
-def read_serve_log(serve_log: Path | str) -> ServeLog | None:
-    """The CUDA-graph and batch lines of a slot's serve log; None without the log, or for a
-    server that logs neither (the reference server, a pipeline without VLA graphs that does
-    not merge requests). The warm-up's and the capacity probe's batches are not counted: they
-    run before the serve job's "ready" line."""
-    path = Path(serve_log)
-    if not path.is_file():
-        return None
-    any_graph, serving, captured, reached = False, False, 0, None
-    batches: list[int] = []
-    for line in path.read_text(errors="replace").splitlines():
-        if SERVER_READY.search(line):
-            serving = True
-        elif match := SERVER_BATCH.search(line):
-            if serving:
-                batches.append(int(match.group(1)))
-        elif GRAPH_CAPTURED.search(line):
-            any_graph = True
-            captured += serving
-        elif match := GRAPH_CAPACITY_REACHED.search(line):
-            any_graph, reached = True, int(match.group(1))
-    if not any_graph and not batches:
-        return None
-    return ServeLog(any_graph, captured, reached, tuple(batches))
 
 
 # --------------------------------------------------------------------------- figures
@@ -344,6 +191,9 @@ def slot_efficiency(
     in_flight = float((requests["observations"] * latency).sum()) / busy if busy > 0 else nan
     fit = capacity.latency_fit() if capacity else None
     row["predicted_latency_s"] = fit[0] + fit[1] * in_flight if fit and busy > 0 else nan
+    # the server's own pace: its full batches in the run against the probe's (server_pace)
+    row["full_batch_s"] = full_batch_seconds(requests, row["server_batch"])
+    row["probe_full_batch_s"] = fit[0] + fit[1] * row["server_batch"] if fit else nan
     graphs = served if served is not None and served.graphs else None
     row["graphs_captured_serving"] = graphs.captured_serving if graphs else nan
     reached = graphs.capacity_reached if graphs else None
@@ -371,8 +221,10 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
     (a) duty below `LOW_DUTY`: the server idles while the envs step, too few envs (a slower
         answer matters little then);
     (a') the server's log says it ran out of CUDA graphs: batches of new shapes ran eagerly;
-    (b) mean latency above `SLOWDOWN` x the probes' fit at the run's batch: the server is
-        slowed down while the envs run (shapes without CUDA graphs, CPU contention);
+    (b) the server slowed down while the envs ran (shapes without CUDA graphs, contention):
+        its full batches, back to back in the run, took over `SLOWDOWN` x the probes' fit
+        (`libero_eval.server_pace`), or without such batches, the mean latency was over
+        `SLOWDOWN` x the fit at the run's batch;
     (c) batch fill below `LOW_FILL` with the envs stepping as long as they wait: a prompt's
         envs are not back before the server is free, too few (or too slow) envs;
     (d) batch fill below `LOW_FILL` otherwise: too few trials per task to fill same-prompt
@@ -399,12 +251,23 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
             "capacity, and give prompts fixed lengths, in server.sglang.pipeline_config "
             '(docs/performance.md, "SGLang\'s CUDA graphs")',
         )
-    predicted, latency = figures["predicted_latency_s"], figures["latency_mean_s"]
-    if latency > SLOWDOWN * predicted:  # False when no fit (NaN)
+    # the server's pace where the run had full batches back to back (a latency also holds
+    # the wait behind other batches in flight), else the latency at the run's batch
+    pace, probed = (
+        figures.get("full_batch_s", math.nan),
+        figures.get("probe_full_batch_s", math.nan),
+    )
+    if not math.isnan(pace) and not math.isnan(probed):
+        slowed, what = pace > SLOWDOWN * probed, f"a full batch took {pace:.2f} s vs {probed:.2f}"
+    else:
+        predicted, latency = figures["predicted_latency_s"], figures["latency_mean_s"]
+        slowed = latency > SLOWDOWN * predicted  # False when no fit (NaN)
+        what = f"mean latency {latency:.2f} s vs {predicted:.2f}"
+    if slowed:
         return Verdict(
             "slowed_server",
-            f"{head}: mean latency {latency:.2f} s vs {predicted:.2f} s the capacity probe "
-            "predicts at this batch size; the server is slowed while the envs run: check its "
+            f"{head}: {what} s the capacity probe predicts at this batch size; the server "
+            "is slowed while the envs run: check its "
             "log for batch shapes captured or run without CUDA graphs (server.sglang."
             "pipeline_config), then CPU contention: server.cpu_threads (on a 16-core H200, 4 "
             "did best and SGLang's own 16 starved the node), rollout.env_niceness (the envs "
@@ -444,10 +307,15 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
         else ""
     )
     bound = BOUND_HINT if figures["duty"] >= ALWAYS_BUSY else ""
+    paced = (
+        f"; its full batches took {pace:.2f} s against {probed:.2f} s at the probe"
+        if not math.isnan(pace) and not math.isnan(probed)
+        else ""
+    )
     return Verdict(
         "unexplained",
         f"{head}, with latency, duty ({figures['duty']:.0%}) and batch fill "
-        f"({figures['batch_fill']:.0%}) as expected{stalls}{split}{bound}; compare the "
+        f"({figures['batch_fill']:.0%}) as expected{paced}{stalls}{split}{bound}; compare the "
         "capacity probe in the slot's service file with the serve log",
     )
 
@@ -533,6 +401,10 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
                 f" / {_num(row['latency_p95_s'], '.2f')} s",
             ),
             ("predicted latency (probe fit)", _num(row["predicted_latency_s"], ".2f") + " s"),
+            (
+                "a full batch, in the run / at the probe",
+                f"{_num(row['full_batch_s'], '.3f')} / {_num(row['probe_full_batch_s'], '.3f')} s",
+            ),
             (
                 "envs waiting / stepping (of envs)",
                 f"{row['envs_waiting']:.1f} / {row['envs_stepping']:.1f} (of {row['envs']})",

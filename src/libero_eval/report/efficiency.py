@@ -20,6 +20,8 @@ SHOWN = {
     "capacity_fraction": ("of capacity", ".0%"),
     "batch_fill": ("batch fill", ".2f"),
     "server_mean_batch": ("server mean batch (its log)", ".2f"),
+    "full_batch_s": ("full batch in the run (s)", ".3f"),
+    "probe_full_batch_s": ("full batch at the probe (s)", ".3f"),
     "duty": ("duty", ".2f"),
     "latency_p50_s": ("latency p50 (s)", ".2f"),
     "latency_p95_s": ("latency p95 (s)", ".2f"),
