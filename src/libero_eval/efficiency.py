@@ -8,7 +8,9 @@ service file (`results/<run>/servers/slot<K>.json`) may hold the server's measur
 (`"capacity"`, a probe of latency against batch size); without it the fraction of capacity
 is unknown and is reported so, never estimated. A slot's serve log (`logs/<run>/serve/slot<K>.log`)
 says whether SGLang ran out of CUDA graphs, how many it captured while serving, and how many
-requests each batch it ran while serving merged (`read_serve_log`).
+requests each batch it ran while serving merged (`libero_eval.efficiency_inputs` reads all
+three). The server's own pace, its seconds per full batch in the run, comes from the answers
+(`libero_eval.server_pace`).
 
 `slot_efficiency` computes the figures of one slot, `diagnose` turns them into a warning
 with its likely cause and the setting to change, and `write_efficiency` is the aggregate
