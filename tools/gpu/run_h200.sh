@@ -9,7 +9,9 @@
 # Phases, in the order given:
 #   ckpt-cosmos3 | ckpt-pi05 | ckpt-pi05lr   build the true-size random checkpoint on the GPU
 #                                     (pi05: the openpi lineage; pi05lr: the LeRobot lineage)
-#   wf-FAMILY:ENVS                    snakemake --cores 40 with ENVS envs on one slot (GPU 0)
+#   wf-FAMILY:ENVS                    snakemake --cores 40 with ENVS envs on one slot (GPU 0);
+#                                     SLOTS=N: N slots of ENVS envs, on GPUs 0..N-1 (all on
+#                                     GPU 0 where the node has fewer)
 #   bench-FAMILY                      benchmarks/sglang_server.py: load, latency vs batch,
 #                                     memory, teardown through the project's launcher; BENCH_BMS,
 #                                     BATCHES, REPS, PIPE, DELAY, LOAD (render:N or physics:N
@@ -162,7 +164,7 @@ spy_report() {  # NAME PID: wait for spy_on, then say what it got
 }
 
 workflow() {  # family envs
-  # The overlay sets only the random checkpoint, the attention backend, one slot, the env
+  # The overlay sets only the random checkpoint, the attention backend, the slots, the env
   # count, the plan and max_steps: the shipped config's server and rollout defaults stay.
   # PLAN=TASKS:TRIALS (TASKS "all" or "0,1"; default all:ceil(envs/5)), MAX_STEPS (default
   # 64 Cosmos3, 60 π0.5), THREADS (server.cpu_threads, for a sweep), BMS (batching_max_size),
@@ -170,7 +172,7 @@ workflow() {  # family envs
   # (server.sglang.batching_delay_ms), OVERLAY (one more overlay, as YAML text), TAG (run
   # name suffix). CONFIG overrides the family's shipped config.
   local family=$1 envs=$2 dir
-  local run="h200_$1_e$2${TAG:+_$TAG}"
+  local run="h200_$1_e$2${SLOTS:+_s$SLOTS}${TAG:+_$TAG}"
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
   local max_steps=64; [ "$family" != cosmos3 ] && max_steps=60
   max_steps=${MAX_STEPS:-$max_steps}
@@ -182,18 +184,24 @@ workflow() {  # family envs
     read -r server_cpus env_cpus <<< "$(cpu_sets "$PIN")"
     sglang_cmd="taskset, -c, '$server_cpus', $L/bin/sglang"; pin_envs=(taskset -c "$env_cpus")
   fi
+  # SLOTS=N: N slots (servers), each with ENVS envs, on GPUs 0..N-1, or all on GPU 0 where
+  # the node has fewer GPUs (two servers on one GPU, where its memory allows)
+  local slots=${SLOTS:-1} gpus gpu_ids
+  gpus=$(nvidia-smi --query-gpu=index --format=csv,noheader | wc -l)
+  gpu_ids=$(python3 -c "import sys; n, g = int(sys.argv[1]), int(sys.argv[2]); print([i if g >= n else 0 for i in range(n)])" "$slots" "$gpus")
   cat > /tmp/overlay_$run.yaml <<EOF
 run_id: $run
 plan: {suites: [libero_spatial], task_ids: $tasks, num_trials_per_task: $trials}
 server:
-  num_slots: 1
+  num_slots: $slots
+  gpu_ids: $gpu_ids
   health_timeout_s: 600
   sglang:
     command: [$sglang_cmd]
     model_path: $dir
     attention_backend: torch_sdpa
 rollout:
-  total_num_envs: $envs
+  total_num_envs: $(( envs * slots ))
   max_steps: $max_steps
   render_device: slot_gpu
 EOF
@@ -206,7 +214,7 @@ EOF
   fi
   if [ -n "${DELAY:-}" ]; then printf 'server:\n  sglang:\n    batching_delay_ms: %s\n' "$DELAY" > /tmp/ov_d_$run.yaml; extra+=(/tmp/ov_d_$run.yaml); fi
   if [ -n "${OVERLAY:-}" ]; then printf '%s\n' "$OVERLAY" > /tmp/ov_x_$run.yaml; extra+=(/tmp/ov_x_$run.yaml); fi
-  say "[$run] snakemake: $envs envs, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}, delay ${DELAY:-config}, pin ${PIN:-no} ${server_cpus:-} / ${env_cpus:-}, overlay ${OVERLAY:-none}"
+  say "[$run] snakemake: $slots slot(s) on GPUs $gpu_ids, $envs envs each, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}, delay ${DELAY:-config}, pin ${PIN:-no} ${server_cpus:-} / ${env_cpus:-}, overlay ${OVERLAY:-none}"
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 --cpu &
   local mon=$!
   local spy=""
