@@ -259,7 +259,8 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
         figures.get("full_batch_s", math.nan),
         figures.get("probe_full_batch_s", math.nan),
     )
-    if not math.isnan(pace) and not math.isnan(probed):
+    paced = not math.isnan(pace) and not math.isnan(probed)
+    if paced:
         slowed, what = pace > SLOWDOWN * probed, f"a full batch took {pace:.2f} s vs {probed:.2f}"
     else:
         predicted, latency = figures["predicted_latency_s"], figures["latency_mean_s"]
@@ -309,15 +310,13 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
         else ""
     )
     bound = BOUND_HINT if figures["duty"] >= ALWAYS_BUSY else ""
-    paced = (
-        f"; its full batches took {pace:.2f} s against {probed:.2f} s at the probe"
-        if not math.isnan(pace) and not math.isnan(probed)
-        else ""
+    pace_note = (
+        f"; its full batches took {pace:.2f} s against {probed:.2f} s at the probe" if paced else ""
     )
     return Verdict(
         "unexplained",
         f"{head}, with latency, duty ({figures['duty']:.0%}) and batch fill "
-        f"({figures['batch_fill']:.0%}) as expected{paced}{stalls}{split}{bound}; compare the "
+        f"({figures['batch_fill']:.0%}) as expected{pace_note}{stalls}{split}{bound}; compare the "
         "capacity probe in the slot's service file with the serve log",
     )
 
