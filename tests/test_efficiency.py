@@ -290,19 +290,25 @@ def test_the_serve_log_gives_the_batches_the_server_merged_while_serving(tmp_pat
     assert "server batches" not in efficiency_markdown(pd.DataFrame([plain]))
 
 
-def test_verdict_unexplained_says_when_the_server_split_the_clients_batches():
-    # the H200 run of 2026-12-02: 14.6 requests sent together, 12.7 merged by the server
-    split = figures(max_batch_size=1, mean_batch=14.6, server_mean_batch=12.7)
-    verdict = diagnose(split)
-    assert verdict.cause == "unexplained"
-    assert "merged 12.7 requests on average" in verdict.message
-    assert "server.sglang.batching_delay_ms" in verdict.message
-    whole = figures(max_batch_size=1, mean_batch=14.6, server_mean_batch=14.5)
-    assert "batching_delay_ms" not in diagnose(whole).message
-    # one request of several observations: the server's requests and the client's
-    # observations are not comparable
-    several = figures(max_batch_size=8, mean_batch=8.0, server_mean_batch=1.0)
-    assert "batching_delay_ms" not in diagnose(several).message
+def test_a_merging_servers_batch_fill_is_its_own_batches_and_low_fill_asks_for_envs():
+    # π0.5: one-observation requests leave as they are ready; what fills is the server's
+    # batch (its log: 12, 4, 16, 8 of 16), not the requests that left together
+    slot = dispatch(
+        requests=[(0, 1, 1, True, 0), (0, 1, 1, True, 1), (1, 2, 1, True, 2)],
+        max_batch_size=1,
+        server_batch=16,
+    )
+    served = ServeLog(False, 0, None, (12, 4, 16, 8))
+    row = efficiency_table([slot], {0: capacity(obs_per_s=4.0)}, {0: served}).iloc[0]
+    assert row["mean_batch"] == 10.0 and row["batch_fill"] == pytest.approx(10 / 16)
+    # without its log, the answers that came together: 2 at t=1, 1 at t=2
+    plain = efficiency_table([slot], {0: capacity(obs_per_s=4.0)}).iloc[0]
+    assert plain["mean_batch"] == 1.5 and plain["batch_fill"] == pytest.approx(1.5 / 16)
+    # a merging server takes any prompts: low fill means the envs, never too few trials
+    verdict = diagnose(figures(max_batch_size=1, server_batch=16, batch_fill=0.5, envs_waiting=9.0))
+    assert verdict.cause == "envs_slow"
+    assert "batching_delay_ms" not in verdict.message
+    assert diagnose(figures(batch_fill=0.5, envs_waiting=9.0)).cause == "batches_unfilled"
 
 
 def test_verdict_graphs_exhausted_before_a_slowed_server():

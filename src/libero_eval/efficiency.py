@@ -37,7 +37,7 @@ from libero_eval.efficiency_inputs import (
     read_serve_log,
 )
 from libero_eval.eventlog import log_event
-from libero_eval.server_pace import full_batch_seconds
+from libero_eval.server_pace import full_batch_seconds, server_batches
 
 # A slot below this fraction of its server's capacity gets a warning.
 LOW_FRACTION = 0.8
@@ -55,7 +55,6 @@ BOUND_HINT = (  # measured on one H200: docs/performance.md, "Where the server's
     '48 gave 8% more than 32: docs/performance.md, "Where the server\'s time goes")'
 )
 
-SPLIT = 0.9  # the server merged fewer requests than the client sent together by this: say so
 COLUMNS = (
     "slot",
     "shards",
@@ -203,6 +202,14 @@ def slot_efficiency(
     merged = served.batches if served is not None else ()
     row["server_batches"] = len(merged) if merged else nan
     row["server_mean_batch"] = float(np.mean(merged)) if merged else nan
+    if row["max_batch_size"] < row["server_batch"] and len(requests):
+        # a merging server: its batches are what it merged (its log), else the answers that
+        # came together; the shard's one-observation requests leave as they are ready
+        by_answer = server_batches(requests)["observations"]
+        row["mean_batch"] = merged_mean = (
+            row["server_mean_batch"] if merged else float(by_answer.mean())
+        )
+        row["batch_fill"] = merged_mean / row["server_batch"]
     verdict = diagnose(row)
     row["cause"] = verdict.cause if verdict else ""
     row["warning"] = verdict.message if verdict else ""
@@ -227,8 +234,9 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
         its full batches, back to back in the run, took over `SLOWDOWN` x the probes' fit
         (`libero_eval.server_pace`), or without such batches, the mean latency was over
         `SLOWDOWN` x the fit at the run's batch;
-    (c) batch fill below `LOW_FILL` with the envs stepping as long as they wait: a prompt's
-        envs are not back before the server is free, too few (or too slow) envs;
+    (c) batch fill below `LOW_FILL` with the envs stepping as long as they wait, or at a
+        server that merges any prompts: the envs are not back before the server is free,
+        too few (or too slow) envs;
     (d) batch fill below `LOW_FILL` otherwise: too few trials per task to fill same-prompt
         batches;
     else the figures do not explain it.
@@ -276,7 +284,10 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
             "did best and SGLang's own 16 starved the node), rollout.env_niceness (the envs "
             "yield to the server at 10), more cores per GPU or fewer envs per node",
         )
-    if figures["batch_fill"] < LOW_FILL and figures["envs_stepping"] >= figures["envs_waiting"]:
+    merging = figures.get("max_batch_size", 0) < figures.get("server_batch", 0)
+    if figures["batch_fill"] < LOW_FILL and (
+        merging or figures["envs_stepping"] >= figures["envs_waiting"]
+    ):
         return Verdict(
             "envs_slow",
             f"{head}: batches are {figures['batch_fill']:.0%} full and the envs step "
@@ -299,16 +310,6 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
         if captured > 0  # False for NaN
         else ""
     )
-    merged = figures.get("server_mean_batch", math.nan)
-    split = (
-        f"; the server's own batches merged {merged:.1f} requests on average (its log) where "
-        f"the client sent {figures['mean_batch']:.1f} together: "
-        "server.sglang.batching_delay_ms lets a free server wait for a batch's last requests "
-        '(on one H200 whole batches were no faster: docs/performance.md, "Split batches")'
-        if figures.get("max_batch_size") == 1
-        and merged < SPLIT * figures.get("mean_batch", math.nan)  # False for NaN
-        else ""
-    )
     bound = BOUND_HINT if figures["duty"] >= ALWAYS_BUSY else ""
     pace_note = (
         f"; its full batches took {pace:.2f} s against {probed:.2f} s at the probe" if paced else ""
@@ -316,7 +317,7 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
     return Verdict(
         "unexplained",
         f"{head}, with latency, duty ({figures['duty']:.0%}) and batch fill "
-        f"({figures['batch_fill']:.0%}) as expected{pace_note}{stalls}{split}{bound}; compare the "
+        f"({figures['batch_fill']:.0%}) as expected{pace_note}{stalls}{bound}; compare the "
         "capacity probe in the slot's service file with the serve log",
     )
 
@@ -393,7 +394,8 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
             ("observations (answered ok)", f"{row['observations']} ({row['observations_ok']})"),
             (
                 "mean batch / max (fill)",
-                f"{row['mean_batch']:.2f} / {row['max_batch_size']} ({row['batch_fill']:.2f})",
+                f"{row['mean_batch']:.2f} / {max(row['max_batch_size'], row['server_batch'])}"
+                f" ({row['batch_fill']:.2f})",
             ),
             ("duty (request in flight)", f"{row['duty']:.2f}"),
             (

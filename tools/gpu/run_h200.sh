@@ -25,7 +25,8 @@
 #   (wf-* also takes PIN: the server on N whole cores, snakemake and its envs on the rest;
 #   PYSPY=S[@W]: py-spy samples the server's 3 busiest processes for S seconds, W (40) after
 #   it is ready, where BUNDLE holds py-spy's wheel; bench-* with SATURATE takes PYSPY too, 3 s
-#   into its first closed loop)
+#   into its first closed loop; SRC=DIR: the package from DIR instead of src/, for an A/B of
+#   two versions on one machine, e.g. DIR=.tmp/old/src from `git archive REV src`)
 #   sweep-FAMILY                      benchmarks/server_threads.py: one server per
 #                                     server.cpu_threads value in SWEEP (default 4,1,2,8,16,4),
 #                                     started together, measured one at a time (the others
@@ -53,7 +54,7 @@ pack() { tar -C "$(dirname $R)" -cJf "$OUT/runs.tar.xz.part" runs && mv "$OUT/ru
 
 export PYTHONUNBUFFERED=1 HF_HOME=$L/hf HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 export TOKENIZERS_PARALLELISM=false MUJOCO_GL=egl PYOPENGL_PLATFORM=egl
-export PYTHONPATH=$L/site:$L/libero:$REPO/src
+export PYTHONPATH=$L/site:$L/libero:$REPO/${SRC:-src}
 export PATH=$L/bin:$PATH
 
 cpu_sets() {  # N: "SERVER_CPUS ENV_CPUS", N whole physical cores (their SMT siblings too) first
@@ -214,7 +215,7 @@ EOF
   fi
   if [ -n "${DELAY:-}" ]; then printf 'server:\n  sglang:\n    batching_delay_ms: %s\n' "$DELAY" > /tmp/ov_d_$run.yaml; extra+=(/tmp/ov_d_$run.yaml); fi
   if [ -n "${OVERLAY:-}" ]; then printf '%s\n' "$OVERLAY" > /tmp/ov_x_$run.yaml; extra+=(/tmp/ov_x_$run.yaml); fi
-  say "[$run] snakemake: $slots slot(s) on GPUs $gpu_ids, $envs envs each, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}, delay ${DELAY:-config}, pin ${PIN:-no} ${server_cpus:-} / ${env_cpus:-}, overlay ${OVERLAY:-none}"
+  say "[$run] snakemake: $slots slot(s) on GPUs $gpu_ids, $envs envs each, plan $plan, max_steps $max_steps, threads ${THREADS:-default}, bms ${BMS:-config}, niceness ${NICE:-default}, pipeline ${PIPE:-default}, delay ${DELAY:-config}, pin ${PIN:-no} ${server_cpus:-} / ${env_cpus:-}, overlay ${OVERLAY:-none}, package ${SRC:-src}"
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 --cpu &
   local mon=$!
   local spy=""

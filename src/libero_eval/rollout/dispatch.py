@@ -16,8 +16,16 @@ rest queued behind it). It decides, for a given time, which batches to send:
   server's fixed cost per request, which is what a second, late request would cost.
 
 So a straggler joins the next batch of its prompt instead of travelling alone, and a group of
-envs cannot settle into a pattern of 7 + 1. With `max_batch` 1 (π0.5: SGLang merges
-single-observation requests itself) every observation is a full batch and leaves at once.
+envs cannot settle into a pattern of 7 + 1. With `max_batch` 1 every observation is a full
+batch and leaves at once.
+
+A server that merges requests itself (`merging`: π0.5 on SGLang, one observation a request,
+merged up to its `--batching-max-size`, here `max_batch`) starts its next batch with every
+request queued when the current one ends. So while it is busy, a ready observation leaves at
+once to wait in the server's queue, where it joins the next batch, rather than in the shard's,
+where it would miss it; only an idle server's partial batch waits (`hold_s`) for its siblings,
+so that a batch does not start with the first of them. The slots then count observations:
+`max_inflight` batches' worth at the server at once.
 
 The class is pure: the runner tells it what happened and when (`now`), and asks what is due.
 Nothing here sleeps or reads a clock, so tests drive it with plain numbers.
@@ -88,6 +96,7 @@ class Dispatcher:
     max_inflight: int  # requests at the server at once
     batch_timeout_s: float  # a partial batch never waits longer at an idle server
     model: LatencyModel | None = None  # None until measured (probe or first answer)
+    merging: bool = False  # the server merges queued requests into its batches itself
     _ready: dict[Hashable, list[tuple[int, float]]] = field(default_factory=dict)
     _inflight: dict[int, _Request] = field(default_factory=dict)
     _next_id: int = 0
@@ -101,11 +110,12 @@ class Dispatcher:
     def answered(self, request: int, now: float) -> None:
         """Request `request` came back (answer or error) at `now`."""
         sent = self._inflight.pop(request)
-        if self.model is not None:
+        if self.model is None:
+            if now > sent.sent_at:  # nothing measured before: all of it per item
+                self.model = LatencyModel(0.0, (now - sent.sent_at) / sent.observations)
+        elif not self.merging:  # a merging server's batch holds requests sent apart
             started = max(sent.sent_at, self._last_answer_at)  # the server works serially
             self.model.observe(sent.observations, now - started)
-        elif now > sent.sent_at:  # nothing measured before: all of it per item
-            self.model = LatencyModel(0.0, (now - sent.sent_at) / sent.observations)
         self._last_answer_at = max(self._last_answer_at, now)
 
     # -- what to do -------------------------------------------------------------------------------
@@ -113,6 +123,18 @@ class Dispatcher:
     def inflight(self) -> int:
         """Requests sent and not answered."""
         return len(self._inflight)
+
+    @property
+    def inflight_observations(self) -> int:
+        """Observations sent and not answered."""
+        return sum(request.observations for request in self._inflight.values())
+
+    def _room(self) -> int:
+        """Observations that may leave now: a merging server's slots count observations,
+        another's count requests of up to `max_batch`."""
+        if self.merging:
+            return self.max_inflight * self.max_batch - self.inflight_observations
+        return self.max_batch if self.inflight < self.max_inflight else 0
 
     @property
     def waiting(self) -> int:
@@ -160,6 +182,8 @@ class Dispatcher:
             return (-min(len(queue), self.max_batch), queue[0][1])
 
         keys = sorted(self._ready, key=order)
+        if self.merging and self._inflight:
+            return keys[0]  # the server is busy: wait in its queue, to join its next batch
         complete = [
             k for k in keys if len(self._ready[k]) >= self.max_batch or not coming.get(k, 0)
         ]
@@ -174,13 +198,14 @@ class Dispatcher:
         prompt `key`, whose observations will come (stepping, resetting, or awaiting an
         answer)."""
         requests: list[tuple[int, list[int]]] = []
-        while self.inflight < self.max_inflight and self._ready:
+        while self._ready and (room := self._room()) > 0:
             key = self._pick(now, coming)
             if key is None:
                 break
             queue = self._ready[key]
-            workers = [worker for worker, _ in queue[: self.max_batch]]
-            del queue[: self.max_batch]
+            size = min(room, self.max_batch)
+            workers = [worker for worker, _ in queue[:size]]
+            del queue[:size]
             if not queue:
                 del self._ready[key]
             self._next_id += 1
@@ -191,7 +216,7 @@ class Dispatcher:
     def next_decision(self, now: float) -> float | None:
         """Seconds until a held partial batch may leave with no new event (None: only an
         event, an answer or a ready observation, can change what is due)."""
-        if not self._ready or self.inflight >= self.max_inflight:
+        if not self._ready or self._room() <= 0:
             return None
         oldest = min(queue[0][1] for queue in self._ready.values())
         leave_at = self._partial_may_leave_at(oldest)

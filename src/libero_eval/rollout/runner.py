@@ -302,8 +302,8 @@ class ShardRunner:
         workers = [self.env_workers(i) for i in range(min(s.envs_per_shard, len(pending)))]
         # A server that merges requests itself (SGLang's dynamic batching) merges any prompts
         # (an action request's prompt is not in its batch signature: sglang/multimodal_gen/
-        # configs/sample/action.py): one queue, a batch of `server_batch` sent as that many
-        # requests at once, so that they reach the server together and merge into one.
+        # configs/sample/action.py): one queue, its observations sent as one-observation
+        # requests that wait in the server's queue for its next batch (`Dispatcher.merging`).
         self._merged = self.server_batch > self.max_batch_size
         # the state of this run, shared by the loop's steps below
         self._workers = workers
@@ -317,7 +317,11 @@ class ShardRunner:
         )
         self.max_inflight = s.max_inflight_requests or -(-len(workers) // self.server_batch)
         self._dispatcher = Dispatcher(
-            self.server_batch, self.max_inflight, s.batch_timeout_s, self.latency
+            self.server_batch,
+            self.max_inflight,
+            s.batch_timeout_s,
+            self.latency,
+            merging=self._merged,
         )
         self._ready: dict[int, Observation] = {}  # workers' observations waiting for actions
         self._prebuilt: dict[int, Any] = {}  # merged: each ready observation's request
