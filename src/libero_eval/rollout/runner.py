@@ -317,11 +317,7 @@ class ShardRunner:
         )
         self.max_inflight = s.max_inflight_requests or -(-len(workers) // self.server_batch)
         self._dispatcher = Dispatcher(
-            self.server_batch,
-            self.max_inflight,
-            s.batch_timeout_s,
-            self.latency,
-            merging=self._merged,
+            self.server_batch, self.max_inflight, s.batch_timeout_s, self.latency, self._merged
         )
         self._ready: dict[int, Observation] = {}  # workers' observations waiting for actions
         self._prebuilt: dict[int, Any] = {}  # merged: each ready observation's request
