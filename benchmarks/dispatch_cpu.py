@@ -89,6 +89,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--latency-per-item-s", type=float, default=0.25)
     parser.add_argument("--max-batch", type=int, default=3, help="server max batch (default 3)")
     parser.add_argument(
+        "--merged-dispatch",
+        choices=("batches", "as_ready"),
+        default="batches",
+        help="rollout.merged_dispatch for the pi05 cell (default: the schema's, batches)",
+    )
+    parser.add_argument(
         "--workdir",
         type=Path,
         default=None,
@@ -142,6 +148,7 @@ def overlay(cell: str, args: argparse.Namespace, run_id: str) -> dict[str, Any]:
     }
     if cell == "pi05":  # no checkpoint: the reference server's made-up statistics, by name
         config["policy"] = {"family": "pi05", "pi05": {"norm_stats_path": PI05_TEST_STATS}}
+        config["rollout"]["merged_dispatch"] = args.merged_dispatch
     return config
 
 

@@ -21,6 +21,7 @@ OTHER_VALUES = {
     "total_num_envs": 4,
     "shards_per_slot": 2,
     "max_inflight_requests": 3,
+    "merged_dispatch": "as_ready",
     "batch_timeout_s": 0.25,
     "reset_mode": "hard",
     "render_mode": "every_step",

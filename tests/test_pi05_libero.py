@@ -168,7 +168,8 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
     ]
     capacity = {"max_batch_size": 2, "probes": probes, "obs_per_s": 0.067}
     outcomes, logs, built_on = [], [], {}
-    for name, server_capacity, model in (("alone", None, {}), ("merged", capacity, merging)):
+    runs = (("alone", None, {}), ("merged", capacity, merging), ("as_ready", capacity, merging))
+    for name, server_capacity, model in runs:
         server = ReferenceServerSettings(
             action_stats_path=COSMOS3_STATS,
             policy="scripted",
@@ -179,6 +180,7 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
         settings, store = pi05_shard(tmp_path / name, norm_stats_path=str(STATS))
         settings.envs_per_shard = 2
         settings.batch_timeout_s = 60.0  # the idle server's hold is then its fixed cost
+        settings.merged_dispatch = "as_ready" if name == "as_ready" else "batches"
         build, built_on[name] = settings.adapter.build_request, []
 
         def recorded(observations, request_id, build=build, threads=built_on[name]):
@@ -199,8 +201,8 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
             )
         outcomes.append([(r["success_once"], r["steps"], r["first_success_step"]) for r in records])
         logs.append(json.loads((tmp_path / name / "dispatch.json").read_text()))
-    assert outcomes[0] == outcomes[1]
-    alone, merged = logs
+    assert outcomes[0] == outcomes[1] == outcomes[2]  # rollout.merged_dispatch: timing only
+    alone, merged, _ = logs
     assert alone["server_batch"] == 1 and merged["server_batch"] == 2
     assert {request[2] for request in merged["requests"]} == {1}  # one observation each
     sent = [request[0] for request in merged["requests"]]

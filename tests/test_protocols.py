@@ -247,6 +247,7 @@ def test_result_row_records_the_protocol_seed_and_the_episodes_reset_seed():
         adapter=None,  # a result row does not ask the policy
         envs_per_shard=1,
         max_inflight_requests=None,
+        merged_dispatch="batches",
         batch_timeout_s=default("rollout", "batch_timeout_s"),
         health_timeout_s=default("server", "health_timeout_s"),
     )

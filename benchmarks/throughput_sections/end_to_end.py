@@ -127,6 +127,7 @@ def _shard_main(
         adapter=make_adapter("cosmos3", config["policy"]["cosmos3"]),
         envs_per_shard=cell.envs_per_shard,
         max_inflight_requests=cell.inflight,
+        merged_dispatch="batches",
         batch_timeout_s=config["rollout"]["batch_timeout_s"],
         health_timeout_s=config["server"]["health_timeout_s"],
     )

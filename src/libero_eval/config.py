@@ -553,6 +553,7 @@ class RunSettings:
             failures=self.failures,
             envs_per_shard=max(1, envs_per_shard),
             max_inflight_requests=rollout["max_inflight_requests"],
+            merged_dispatch=rollout["merged_dispatch"],
             batch_timeout_s=rollout["batch_timeout_s"],
             health_timeout_s=self.config["server"]["health_timeout_s"],
             event_log=event_log,

@@ -85,6 +85,7 @@ class ShardSettings:
     # requests at the server at once (one computing, the rest queued behind it); None: as
     # many as the envs fill, ceil(envs / the server's max batch)
     max_inflight_requests: int | None
+    merged_dispatch: str  # at a merging server: "batches" or "as_ready" (Dispatcher.merging)
     batch_timeout_s: float  # a partial batch waits no longer at an idle server
     health_timeout_s: float  # server.health_timeout_s
     # the server's endpoint (channel, wire format, paths); its URL comes from the service file
@@ -302,8 +303,7 @@ class ShardRunner:
         workers = [self.env_workers(i) for i in range(min(s.envs_per_shard, len(pending)))]
         # A server that merges requests itself (SGLang's dynamic batching) merges any prompts
         # (an action request's prompt is not in its batch signature: sglang/multimodal_gen/
-        # configs/sample/action.py): one queue, its observations sent as one-observation
-        # requests that wait in the server's queue for its next batch (`Dispatcher.merging`).
+        # configs/sample/action.py): one queue (and rollout.merged_dispatch says how it leaves).
         self._merged = self.server_batch > self.max_batch_size
         # the state of this run, shared by the loop's steps below
         self._workers = workers
@@ -316,8 +316,9 @@ class ShardRunner:
             self.progress,
         )
         self.max_inflight = s.max_inflight_requests or -(-len(workers) // self.server_batch)
+        as_ready = self._merged and s.merged_dispatch == "as_ready"
         self._dispatcher = Dispatcher(
-            self.server_batch, self.max_inflight, s.batch_timeout_s, self.latency, self._merged
+            self.server_batch, self.max_inflight, s.batch_timeout_s, self.latency, as_ready
         )
         self._ready: dict[int, Observation] = {}  # workers' observations waiting for actions
         self._prebuilt: dict[int, Any] = {}  # merged: each ready observation's request
