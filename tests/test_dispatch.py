@@ -229,7 +229,7 @@ def merging_dispatcher(**kwargs) -> Dispatcher:
         "max_inflight": 2,
         "batch_timeout_s": 1.0,
         "model": LatencyModel(**vars(PI05)),
-        "merging": True,
+        "as_ready": True,
     }
     return Dispatcher(**(settings | kwargs))
 
@@ -247,7 +247,7 @@ def test_a_busy_merging_server_gets_each_ready_observation_at_once():
     d.ready(18, "", now=0.12)
     assert d.due(0.12, {"": 13}) == [(3, [17, 18])]
     # the same at a server that does not merge: the partial batch waits for its siblings
-    plain = merging_dispatcher(merging=False)
+    plain = merging_dispatcher(as_ready=False)
     for worker in range(17):
         plain.ready(worker, "", now=0.0)
     assert [len(w) for _, w in plain.due(0.0, {"": 15})] == [16]
@@ -278,12 +278,12 @@ def test_an_idle_merging_server_waits_for_a_batchs_siblings():
     assert [len(w) for _, w in d.due(0.01, {"": 16})] == [16]
 
 
-def simulate_merging(merging: bool, step_s: list[float], rounds: int) -> tuple[float, float]:
+def simulate_merging(as_ready: bool, step_s: list[float], rounds: int) -> tuple[float, float]:
     """Envs that step for `step_s[i]`, a server that starts its next batch with every request
     queued when it is free (up to 16) and takes `PI05.seconds(n)` for it. Returns the server's
     mean batch and its observations per second."""
     envs = len(step_s)
-    d = merging_dispatcher(merging=merging)
+    d = merging_dispatcher(as_ready=as_ready)
     events = [(0.001 * i, "ready", i) for i in range(envs)]
     heapq.heapify(events)
     asked, queue, batches = [0] * envs, [], []

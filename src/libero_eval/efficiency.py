@@ -202,18 +202,25 @@ def slot_efficiency(
     merged = served.batches if served is not None else ()
     row["server_batches"] = len(merged) if merged else nan
     row["server_mean_batch"] = float(np.mean(merged)) if merged else nan
-    if row["max_batch_size"] < row["server_batch"] and len(requests):
-        # a merging server: its batches are what it merged (its log), else the answers that
-        # came together; the shard's one-observation requests leave as they are ready
-        by_answer = server_batches(requests)["observations"]
-        row["mean_batch"] = merged_mean = (
-            row["server_mean_batch"] if merged else float(by_answer.mean())
+    if merges_requests(row) and len(requests):
+        # its batches are what it merged (its log), else the answers that came together; the
+        # shard's one-observation requests need not leave together
+        row["mean_batch"] = (
+            row["server_mean_batch"]
+            if merged
+            else float(server_batches(requests)["observations"].mean())
         )
-        row["batch_fill"] = merged_mean / row["server_batch"]
+        row["batch_fill"] = row["mean_batch"] / row["server_batch"]
     verdict = diagnose(row)
     row["cause"] = verdict.cause if verdict else ""
     row["warning"] = verdict.message if verdict else ""
     return row
+
+
+def merges_requests(figures: Mapping[str, Any]) -> bool:
+    """Whether the slot's server merges one-observation requests into larger batches itself
+    (π0.5 on SGLang): its batch is larger than a request's."""
+    return figures.get("max_batch_size", 0) < figures.get("server_batch", 0)
 
 
 def _per_second(log: Mapping[str, Any], state: str) -> float:
@@ -284,9 +291,8 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
             "did best and SGLang's own 16 starved the node), rollout.env_niceness (the envs "
             "yield to the server at 10), more cores per GPU or fewer envs per node",
         )
-    merging = figures.get("max_batch_size", 0) < figures.get("server_batch", 0)
     if figures["batch_fill"] < LOW_FILL and (
-        merging or figures["envs_stepping"] >= figures["envs_waiting"]
+        merges_requests(figures) or figures["envs_stepping"] >= figures["envs_waiting"]
     ):
         return Verdict(
             "envs_slow",

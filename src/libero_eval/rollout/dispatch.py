@@ -21,7 +21,7 @@ batch and leaves at once.
 
 A server that merges requests itself (π0.5 on SGLang, one observation a request, merged up to
 its `--batching-max-size`, here `max_batch`) starts its next batch with every request queued
-when the current one ends. With `merging` (`rollout.merged_dispatch: as_ready`), while it is
+when the current one ends. With `as_ready` (`rollout.merged_dispatch: as_ready`), while it is
 busy a ready observation leaves at once to wait in the server's queue, where it joins the next
 batch, rather than in the shard's, where it would miss it; only an idle server's partial batch
 waits (`hold_s`) for its siblings, so that a batch does not start with the first of them. The
@@ -99,7 +99,7 @@ class Dispatcher:
     max_inflight: int  # requests at the server at once
     batch_timeout_s: float  # a partial batch never waits longer at an idle server
     model: LatencyModel | None = None  # None until measured (probe or first answer)
-    merging: bool = False  # the server merges queued requests into its batches itself
+    as_ready: bool = False  # a merging server: each observation leaves as it is ready
     _ready: dict[Hashable, list[tuple[int, float]]] = field(default_factory=dict)
     _inflight: dict[int, _Request] = field(default_factory=dict)
     _next_id: int = 0
@@ -116,7 +116,7 @@ class Dispatcher:
         if self.model is None:
             if now > sent.sent_at:  # nothing measured before: all of it per item
                 self.model = LatencyModel(0.0, (now - sent.sent_at) / sent.observations)
-        elif not self.merging:  # a merging server's batch holds requests sent apart
+        elif not self.as_ready:  # a merging server's batch holds requests sent apart
             started = max(sent.sent_at, self._last_answer_at)  # the server works serially
             self.model.observe(sent.observations, now - started)
         self._last_answer_at = max(self._last_answer_at, now)
@@ -133,9 +133,9 @@ class Dispatcher:
         return sum(request.observations for request in self._inflight.values())
 
     def _room(self) -> int:
-        """Observations that may leave now: a merging server's slots count observations,
-        another's count requests of up to `max_batch`."""
-        if self.merging:
+        """Observations that may leave now: with `as_ready` the slots count observations,
+        else requests of up to `max_batch`."""
+        if self.as_ready:
             return self.max_inflight * self.max_batch - self.inflight_observations
         return self.max_batch if self.inflight < self.max_inflight else 0
 
@@ -185,7 +185,7 @@ class Dispatcher:
             return (-min(len(queue), self.max_batch), queue[0][1])
 
         keys = sorted(self._ready, key=order)
-        if self.merging and self._inflight:
+        if self.as_ready and self._inflight:
             return keys[0]  # the server is busy: wait in its queue, to join its next batch
         complete = [
             k for k in keys if len(self._ready[k]) >= self.max_batch or not coming.get(k, 0)

@@ -85,7 +85,7 @@ class ShardSettings:
     # requests at the server at once (one computing, the rest queued behind it); None: as
     # many as the envs fill, ceil(envs / the server's max batch)
     max_inflight_requests: int | None
-    merged_dispatch: str  # at a merging server: "batches" or "as_ready" (Dispatcher.merging)
+    merged_dispatch: str  # at a merging server: "batches" or "as_ready" (Dispatcher.as_ready)
     batch_timeout_s: float  # a partial batch waits no longer at an idle server
     health_timeout_s: float  # server.health_timeout_s
     # the server's endpoint (channel, wire format, paths); its URL comes from the service file
