@@ -180,7 +180,6 @@ def test_cli_writes_markdown_csv_and_html(results, tmp_path, capsys):
     assert "no such directory" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(not CHROMIUM.exists(), reason="/usr/bin/chromium is absent")
 def test_a_run_without_a_published_figure_or_checkpoint_hash_shows_blank_cells(results, tmp_path):
     """Beside runs that have them, a run without report.published and without a checkpoint
     hash (the reference server) shows blank cells: "nan" was printed as its verdict, and a
@@ -202,6 +201,9 @@ def test_a_run_without_a_published_figure_or_checkpoint_hash_shows_blank_cells(r
     assert ">nan<" not in paths["html"].read_text().lower()  # shown text (sort keys aside)
 
 
+@pytest.mark.skipif(
+    not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install -y chromium)"
+)
 def test_leaderboard_page_renders_in_chromium_with_no_network(results, tmp_path):
     paths = write_leaderboard([results], tmp_path / "board")
     page = paths["html"].read_text()
