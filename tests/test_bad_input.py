@@ -100,6 +100,12 @@ def test_wrong_type_config_field_is_named_with_the_expected_type(workdir):
     assert "Override the protocol's step limit" in error  # the field's description
 
 
+def test_run_id_with_a_trailing_newline_is_named(workdir):
+    error = snakemake_error(workdir, 'run_id: "bad_input\\n"\n')
+    assert "run_id: 'bad_input\\n' does not match" in error
+    assert not (workdir / "results" / "bad_input\n").exists()
+
+
 def test_misspelled_config_field_is_named(workdir):
     error = snakemake_error(workdir, "run_id: bad_input\nrollout: {max_stepz: 16}\n")
     assert "'max_stepz' was unexpected" in error

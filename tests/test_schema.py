@@ -2,8 +2,11 @@
 
 from pathlib import Path
 
+import jsonschema
+import pytest
 import yaml
 
+from libero_eval.config import ConfigError, validate_config
 from libero_eval.schema_doc import render
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,3 +34,41 @@ def test_config_readme_is_generated_from_the_schema():
     assert (REPO / "config" / "README.md").read_text() == render(
         REPO / "src" / "libero_eval" / "data" / "schema.yaml"
     )
+
+
+def patterned(node, path=()):
+    """(field path, pattern) of every `pattern` in the schema, `propertyNames` included."""
+    if isinstance(node, dict):
+        if isinstance(node.get("pattern"), str):
+            yield ".".join(path), node["pattern"]
+        for key, value in node.items():
+            step = () if key in ("properties", "additionalProperties") else (key,)
+            yield from patterned(value, path + step)
+    elif isinstance(node, list):
+        for value in node:
+            yield from patterned(value, path)
+
+
+# a value each pattern takes (run ids, a WxH size, a Slurm GPU model, a suite name)
+EXAMPLES = ("demo", "320x192", "h100", "libero_spatial")
+
+
+def test_every_pattern_matches_the_whole_value_and_rejects_a_trailing_newline():
+    """`run_id: "abc\\n"` passed (`$` matches before a final newline in Python's re.search,
+    which jsonschema applies) and made results/abc<newline>/."""
+    found = dict(patterned(SCHEMA))
+    assert {"run_id", "compare.baseline", "compare.candidate", "slurm.gpu_model"} <= set(found)
+    assert any(path.endswith("propertyNames") for path in found)  # report.published's keys
+    for path, pattern in found.items():
+        validator = jsonschema.Draft202012Validator({"type": "string", "pattern": pattern})
+        good = [value for value in EXAMPLES if validator.is_valid(value)]
+        assert good, f"{path}: no example matches {pattern!r}; add one to EXAMPLES"
+        for value in good:
+            for bad in (f"{value}\n", f"\n{value}", f"{value}\nx", f"{value} "):
+                assert not validator.is_valid(bad), f"{path}: {bad!r} passes {pattern!r}"
+
+
+def test_a_run_id_with_a_trailing_newline_is_refused_naming_the_field():
+    config = {"run_id": "abc\n"}
+    with pytest.raises(ConfigError, match=r"run_id: 'abc\\n' does not match"):
+        validate_config(config)
