@@ -5,7 +5,14 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
-configfile: "config/config.yaml"
+# The demo (config/config.yaml) only when no --configfile is given. Snakemake overlays
+# --configfile on the Snakefile's `configfile:` (snakemake/workflow.py, Workflow.configfile:
+# the command line's config is merged after each file it loads), so a user's config would
+# inherit the demo's plan; with --configfile the config starts from the schema's defaults.
+# Jobs Snakemake spawns get the same --configfiles (spawn_jobs.py, get_configfiles_arg).
+if not workflow.overwrite_configfiles:
+
+    configfile: "config/config.yaml"
 
 
 report: "workflow/report/workflow.rst"

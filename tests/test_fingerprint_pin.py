@@ -17,7 +17,10 @@ STANDIN_ROOT = Path("/tmp/libero_eval_fingerprint_pin")
 PINNED = {
     "config.yaml": "a332ce35aacd",
     "libero_pi05_openpi.yaml": "93298ac9ce8f",
-    "libero_pro_robustness.yaml": "ca91e59bf65b",
+    # an overlay: alone it runs the scripted expert, whose privileged state the schema's null
+    # now sends (alone it was refused before, "ca91e59bf65b" with none): the fingerprint of
+    # `--configfile config/config.yaml config/libero_pro_robustness.yaml`, its runs' store
+    "libero_pro_robustness.yaml": "a332ce35aacd",
     "libero_spatial_cosmos3_sglang.yaml": "2923b9a0afaa",
     "selftest.yaml": "2e91d42634dd",
 }

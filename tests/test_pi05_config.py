@@ -34,10 +34,11 @@ def local_checkpoint(path: Path = SGLANG_CONFIG) -> dict:
 
 
 def merged(*paths: Path, **sections) -> dict:
-    """Configs merged as Snakemake does (config.yaml first), before and after validation;
-    the SGLang config's checkpoint is a local LeRobot-layout directory."""
+    """Configs merged as the workflow does (`--configfile` files in order; config.yaml, the
+    demo, when there is none), before validation; the SGLang config's checkpoint is a local
+    directory laid out as its lineage's."""
     config: dict = {}
-    for path in (BASE, *paths):
+    for path in paths or (BASE,):
         _deep_update(config, yaml.safe_load(path.read_text()))
         if path in (SGLANG_CONFIG, OPENPI_SGLANG_CONFIG):
             _deep_update(config, local_checkpoint(path))

@@ -87,6 +87,7 @@ def short_run(tmp_path):
         yaml.safe_dump(
             {
                 "run_id": run_id,
+                "plan": {"task_ids": [0, 1], "num_trials_per_task": 2},
                 "server": {"reference": {"policy": "hold"}},
                 "rollout": {"send_privileged_state": False, "max_steps": 32},
             }

@@ -198,13 +198,12 @@ def check_config(config: dict[str, Any]) -> RunSettings:
             f"server.gpu_ids lists {len(gpu_ids)} devices but {server['num_slots']} slots x "
             f"{_gpus_per_slot(config)} GPUs each need {needed}: list them all, or use null"
         )
-    if server["backend"] != "reference" and rollout["send_privileged_state"]:
+    if server["backend"] != "reference" and sends_privileged_state(config):
         raise ConfigError(
             "rollout.send_privileged_state is only for the reference server's scripted "
-            f"expert; set it to false with server.backend {server['backend']}"
+            f"expert; set it to false (or null) with server.backend {server['backend']}"
         )
-    scripted = server["backend"] == "reference" and server["reference"]["policy"] == "scripted"
-    if scripted and not rollout["send_privileged_state"]:
+    if _scripted_expert(config) and not sends_privileged_state(config):
         raise ConfigError(
             "server.reference.policy scripted plans from privileged state: set "
             "rollout.send_privileged_state: true (or use policy hold)"
@@ -324,6 +323,7 @@ def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
     # (`x-fingerprint: false`: throughput knobs, resources, and render/reset modes that are
     # byte-identical by test, tests/test_episode_determinism.py)
     rollout = settings_schema.without_outcome_neutral(config["rollout"], "rollout")
+    rollout["send_privileged_state"] = sends_privileged_state(config)  # null stands for this
     return fingerprint(
         {
             "seed": episode_protocol(config).seed,
@@ -332,6 +332,18 @@ def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
             "server": server_policy_settings(config),
         }
     )
+
+
+def _scripted_expert(config: dict[str, Any]) -> bool:
+    server = config["server"]
+    return server["backend"] == "reference" and server["reference"]["policy"] == "scripted"
+
+
+def sends_privileged_state(config: dict[str, Any]) -> bool:
+    """`rollout.send_privileged_state`; null (the default) sends it exactly to the reference
+    server's scripted expert, which plans from it, so the schema's defaults run as they are."""
+    value = config["rollout"]["send_privileged_state"]
+    return _scripted_expert(config) if value is None else bool(value)
 
 
 def server_on_gpu(config: dict[str, Any]) -> bool:
@@ -490,7 +502,7 @@ class RunSettings:
             policy=self.policy,
             merged_batch_size=merged,
             camera_size=self.config["rollout"]["camera_size"],
-            privileged_state=self.config["rollout"]["send_privileged_state"],
+            privileged_state=sends_privileged_state(self.config),
             timeout_s=self.failures.request_timeout_s,
             family_modules=tuple(self.config["policy"]["family_modules"]),
         )
@@ -540,7 +552,7 @@ class RunSettings:
             env=EnvSettings(
                 camera_size=rollout["camera_size"],
                 render_mode=rollout["render_mode"],
-                send_privileged_state=rollout["send_privileged_state"],
+                send_privileged_state=sends_privileged_state(self.config),
                 reset_seeding=rollout["reset_seeding"],
                 reset_mode=rollout["reset_mode"],
                 video_stride=videos["frame_stride"] if videos["enabled"] else 0,

@@ -24,9 +24,12 @@ schema, fills in the defaults, then checks what a schema cannot (files exist, th
 has the block the normalization needs, `num_frames == num_action_chunks + 1`, ...). Every
 error names the field and the fix.
 
-Configs: `config.yaml` is the embedded CPU default (reference server, scripted expert, 2 tasks x
-2 init states). `libero_spatial_cosmos3_sglang.yaml` is the Cosmos3 seed configuration for
-SGLang on GPUs. Overlay your own file: `snakemake --configfile config/config.yaml mine.yaml`.
+Configs: `config.yaml` is the demo (reference server, scripted expert, 2 tasks x 2 init
+states), which the workflow loads only when no `--configfile` is given. A config of your own
+(`.venv/bin/snakemake --cores 2 --configfile mine.yaml`) starts from the defaults below; to start
+from the demo instead, name it first: `--configfile config/config.yaml mine.yaml` (one flag,
+several files, merged in order). `libero_spatial_cosmos3_sglang.yaml` is the Cosmos3 seed
+configuration for SGLang on GPUs.
 
 | field | type | default | description |
 |---|---|---|---|
