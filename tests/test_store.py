@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import subprocess
 import sys
 import time
@@ -17,6 +19,7 @@ from libero_eval.plan import Episode
 from libero_eval.store import (
     RESULT_COLUMNS,
     RESULT_SCHEMA,
+    DiskFullError,
     EpisodeStore,
     atomic_write_bytes,
     fingerprint,
@@ -87,7 +90,73 @@ def test_a_record_missing_result_columns_is_ignored(tmp_path, capsys):
     store.path_for(episode).parent.mkdir(parents=True)
     store.path_for(episode).write_text(json.dumps(incomplete))
     assert store.load(episode) is None
-    assert "['steps', 'success_once']" in capsys.readouterr().err
+    assert f"{store.path_for(episode)}: missing steps, success_once" in capsys.readouterr().err
+
+
+def bad(episode: Episode) -> dict[str, object]:
+    """Contents that cannot stand for `episode`'s record, by what is wrong with them."""
+    other = Episode(episode.suite, episode.task_id + 1, episode.init_state_id)
+    return {
+        "a list": [],
+        "null": None,
+        "a string": "done",
+        "a wrongly typed field": record(episode, success_once="maybe"),
+        "a fractional step count": record(episode, steps=31.5),
+        "a null where none is allowed": record(episode, success_at_end=None),
+        "a number too large": record(episode, seed=2**70),
+        "another episode's record": record(other),
+    }
+
+
+REASONS = {
+    "a list": "not a JSON object but list",
+    "null": "not a JSON object but null",
+    "a string": "not a JSON object but str",
+    "a wrongly typed field": "success_once is 'maybe', not of type bool",
+    "a fractional step count": "steps is 31.5, not of type int32",
+    "a null where none is allowed": "success_at_end is null",
+    "a number too large": "not a result row",
+    "another episode's record": "the record of libero_spatial task 1 init state 0, not of "
+    "libero_spatial task 0 init state 0",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(REASONS))
+def test_a_bad_record_is_named_rerun_and_set_aside_never_deleted(tmp_path, capsys, kind):
+    """`[]`, `null`, a wrongly typed field or a record copied over another episode's file:
+    the store names the file and why, the episode counts as unfinished (the DAG reruns it),
+    and the rerun's write moves the bad file (byte for byte) with its reason into
+    quarantine/ before its own record takes the place."""
+    store = EpisodeStore(tmp_path)
+    episode = EPISODES[0]
+    path = store.path_for(episode)
+    path.parent.mkdir(parents=True)
+    content = json.dumps(bad(episode)[kind]).encode()
+    path.write_bytes(content)
+
+    assert store.load(episode) is None
+    assert store.finished([episode]) == {}
+    warning = capsys.readouterr().err
+    assert f"bad record {path}: {REASONS[kind]}" in warning
+    assert warning.count(str(path)) == 1  # named once, however often it is read
+
+    store.write(episode, record(episode))
+    assert store.load(episode) == json.loads(path.read_text())
+    (kept,) = (tmp_path / "quarantine" / "libero_spatial").glob("task00_init00.json.*[0-9]")
+    assert kept.read_bytes() == content
+    reason = kept.with_name(f"{kept.name}.reason").read_text()
+    assert str(path) in reason and REASONS[kind] in reason
+    assert f"set aside bad record {path} -> {kept}" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.rglob("*.json")) == ["task00_init00.json"]
+
+
+def test_a_good_or_errored_record_is_overwritten_in_place(tmp_path):
+    store = EpisodeStore(tmp_path)
+    episode = EPISODES[0]
+    store.write(episode, record(episode, error="RuntimeError: env exploded"))
+    store.write(episode, record(episode))
+    assert list(store.finished([episode])) == [episode]
+    assert not (tmp_path / "quarantine").exists()
 
 
 WRITER = """
@@ -136,6 +205,27 @@ def test_a_failing_write_keeps_the_old_record_and_no_temporary_file(tmp_path, mo
     monkeypatch.undo()
     assert target.read_bytes() == b"old"
     assert [p.name for p in tmp_path.iterdir()] == ["record.json"]
+
+
+def test_a_full_disk_names_the_path_and_keeps_the_old_record(tmp_path, monkeypatch):
+    """The kernel's own ENOSPC: the temporary file is /dev/full (every write to it fails so)."""
+    store = EpisodeStore(tmp_path / "episodes")
+    episode = EPISODES[0]
+    path = store.write(episode, record(episode, error="RuntimeError: env exploded"))
+    before = path.read_bytes()
+
+    def on_dev_full(dir: Path, prefix: str, suffix: str) -> tuple[int, str]:
+        return os.open("/dev/full", os.O_WRONLY), str(Path(dir) / f"{prefix}x{suffix}")
+
+    monkeypatch.setattr("tempfile.mkstemp", on_dev_full)
+    with pytest.raises(DiskFullError) as raised:
+        store.write(episode, record(episode))
+    monkeypatch.undo()
+    assert raised.value.errno == errno.ENOSPC
+    assert f"No space left on device: cannot write {path}." in str(raised.value)
+    assert f"Free space on the disk that holds {path.parent}" in str(raised.value)
+    assert path.read_bytes() == before
+    assert [p.name for p in path.parent.iterdir()] == [path.name]
 
 
 def test_shard_table_round_trips_with_the_result_schema(tmp_path):

@@ -96,7 +96,7 @@ def short_run(tmp_path):
     return run_id, configfile
 
 
-def test_demo_shaped_run_end_to_end_then_nothing_to_do(workdir, short_run):
+def test_demo_shaped_run_end_to_end_then_nothing_to_do_and_bad_records_rerun(workdir, short_run):
     run_id, configfile = short_run
     first = run_workflow(workdir, configfile)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -151,6 +151,46 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do(workdir, short_run):
     second = run_workflow(workdir, configfile)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Nothing to be done" in second.stdout + second.stderr
+
+    rerun_bad_records(workdir, configfile, results, episodes)
+
+
+def rerun_bad_records(workdir: Path, configfile: Path, results: Path, episodes) -> None:
+    """Bad records in the finished run's store: JSON but not an object (the rollout job fell
+    out of the DAG, and the aggregate failed on Snakemake's "filesystem latency" message), a
+    wrongly typed field (ArrowInvalid) and a record copied over another episode's file ("2
+    result rows share"). The rerun names each file, reruns exactly those episodes and moves
+    the files aside; the next run has nothing to do."""
+    (store,) = (results / "episodes").iterdir()
+    spatial = store / "libero_spatial"
+    bad = {
+        spatial / "task00_init00.json": b"[]",
+        spatial / "task01_init00.json": (spatial / "task01_init00.json")
+        .read_bytes()
+        .replace(b'"success_once": false', b'"success_once": "maybe"'),
+        spatial / "task00_init01.json": (spatial / "task01_init01.json").read_bytes(),
+    }
+    for path, content in bad.items():
+        path.write_bytes(content)
+    untouched = (spatial / "task01_init01.json").read_bytes()
+
+    third = run_workflow(workdir, configfile)
+    assert third.returncode == 0, third.stderr[-3000:]
+    for path, content in bad.items():
+        assert f"bad record {path.relative_to(workdir)}:" in third.stderr
+        (kept,) = (store / "quarantine" / "libero_spatial").glob(f"{path.name}.*[0-9]")
+        assert kept.read_bytes() == content
+    assert "not a JSON object but list" in third.stderr
+    assert "success_once is 'maybe', not of type bool" in third.stderr
+    assert "the record of libero_spatial task 1 init state 1, not of" in third.stderr
+    assert (spatial / "task01_init01.json").read_bytes() == untouched  # reused, not rerun
+    again = pd.read_parquet(results / "summary" / "episodes.parquet")
+    assert len(again) == 4
+    rerun = again.merge(episodes, on=["task_id", "init_state_id"], suffixes=("", "_before"))
+    assert (rerun["finished_at"] != rerun["finished_at_before"]).sum() == 3
+    assert (rerun["steps"] == rerun["steps_before"]).all()
+    fourth = run_workflow(workdir, configfile)
+    assert "Nothing to be done" in fourth.stdout + fourth.stderr
 
 
 def test_large_plan_dry_run_shows_one_server_per_slot(tmp_path, workdir):

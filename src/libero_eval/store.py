@@ -5,15 +5,22 @@ Episode records live OUTSIDE the workflow's declared outputs
 deletes them; the fingerprint covers every setting that changes an episode's outcome, so a
 changed policy or env parameter never reuses a stale record. Each record is written to a
 temporary file, fsynced and renamed: a crash leaves either the old state or the new record.
+
+A record that cannot stand for its episode (not JSON, not an object, a missing or wrongly typed
+column, or another episode's record) is never used: a warning names its path, its episode is
+rerun, and before the rerun's record takes its place it is moved, with the reason beside it,
+into `quarantine/` under the store (never deleted).
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,6 +66,7 @@ RESULT_SCHEMA = pa.schema(
     ]
 )
 RESULT_COLUMNS = RESULT_SCHEMA.names
+QUARANTINE = "quarantine"  # bad records moved aside, under the store (EpisodeStore.set_aside)
 
 
 def fingerprint(settings: dict[str, Any]) -> str:
@@ -67,9 +75,28 @@ def fingerprint(settings: dict[str, Any]) -> str:
     return hashlib.sha256(blob).hexdigest()[:12]
 
 
+class DiskFullError(OSError):
+    """No space (or quota) left where a record or table is written; names the path and fix."""
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write `data` to `path` so a crash leaves either the old file or the complete new one."""
+    """Write `data` to `path` so a crash leaves either the old file or the complete new one.
+    A full disk (ENOSPC, or EDQUOT) raises :class:`DiskFullError` naming `path`."""
     path = Path(path)
+    try:
+        _write_and_rename(path, data)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        raise DiskFullError(
+            exc.errno,
+            f"{os.strerror(exc.errno)}: cannot write {path}. Free space on the disk that holds "
+            f"{path.parent} (df -h {path.parent}), then rerun the workflow: what was written "
+            "before is intact and reused",
+        ) from exc
+
+
+def _write_and_rename(path: Path, data: bytes) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -93,6 +120,7 @@ class EpisodeStore:
 
     def __init__(self, root: Path | str):
         self.root = Path(root)
+        self._warned: set[Path] = set()  # bad records named once per store object
 
     def path_for(self, episode: Episode) -> Path:
         """`<suite>/taskTT_initII.json`; `taskTT_initII_seedS.json` for an episode of a run
@@ -117,28 +145,51 @@ class EpisodeStore:
         return single if stored_seed == episode.seed else path
 
     def write(self, episode: Episode, record: dict[str, Any]) -> Path:
+        """Store the episode's record; a bad record in its place is set aside first."""
         path = self.path_for(episode)
+        if path.exists():
+            _, problem = self._read(path, episode)
+            if problem is not None:
+                self.set_aside(path, problem)
         atomic_write_bytes(path, json.dumps(record, sort_keys=True).encode())
         return path
 
     def load(self, episode: Episode) -> dict[str, Any] | None:
-        """The episode's record, or None if absent or unreadable (then it is rerun)."""
+        """The episode's record, or None if absent or bad (then it is rerun)."""
         path = self._path_to_load(episode)
+        record, problem = self._read(path, episode)
+        if problem is not None and path not in self._warned:
+            self._warned.add(path)
+            print(
+                f"[store] bad record {path}: {problem}. Its episode is rerun; the record is "
+                f"then moved to {self.root / QUARANTINE}/ (never deleted).",
+                file=sys.stderr,
+            )
+        return record
+
+    def _read(self, path: Path, episode: Episode) -> tuple[dict[str, Any] | None, str | None]:
+        """(the record, None), (None, what is wrong with it), or (None, None) if absent."""
         try:
             record = json.loads(path.read_text())
         except FileNotFoundError:
-            return None
+            return None, None
         except (OSError, ValueError) as exc:
-            print(
-                f"[store] ignoring unreadable record {path} ({exc}); rerunning it", file=sys.stderr
-            )
-            return None
-        record = with_derived_columns(record)
-        missing = set(RESULT_COLUMNS) - record.keys()
-        if missing:
-            print(f"[store] ignoring record {path} missing {sorted(missing)}", file=sys.stderr)
-            return None
-        return record
+            return None, f"unreadable ({exc})"
+        problem = record_problem(record, episode)
+        return (None, problem) if problem else (with_derived_columns(record), None)
+
+    def set_aside(self, path: Path, problem: str) -> Path:
+        """Move a bad record to `quarantine/<suite>/<name>.<time>` under the store (no longer
+        `*.json`, so nothing that globs records takes it for one), with the reason beside it
+        in `<that name>.reason`; returns where it went."""
+        stamp = time.strftime("%Y%m%dT%H%M%S")
+        relative = path.relative_to(self.root)
+        target = self.root / QUARANTINE / relative.parent / f"{path.name}.{stamp}"
+        reason = f"{path}\n{problem}\nset aside {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+        atomic_write_bytes(target.with_name(f"{target.name}.reason"), reason.encode())
+        os.replace(path, target)
+        print(f"[store] set aside bad record {path} -> {target} ({problem})", file=sys.stderr)
+        return target
 
     def finished(self, episodes: Iterable[Episode]) -> dict[Episode, dict[str, Any]]:
         """Records of episodes that finished without error (errored ones are rerun)."""
@@ -148,6 +199,47 @@ class EpisodeStore:
             if record is not None and record.get("error") is None:
                 done[episode] = record
         return done
+
+
+def record_problem(record: Any, episode: Episode) -> str | None:
+    """What keeps a stored record from being `episode`'s result row, or None: it must be a
+    JSON object with every column of RESULT_SCHEMA, each of its type (null only where the
+    schema allows it), and name this episode (a record copied over another's file does not)."""
+    if not isinstance(record, dict):
+        return f"not a JSON object but {type(record).__name__ if record is not None else 'null'}"
+    record = with_derived_columns(record)
+    missing = sorted(set(RESULT_COLUMNS) - record.keys())
+    if missing:
+        return f"missing {', '.join(missing)}"
+    for field in RESULT_SCHEMA:
+        value = record[field.name]
+        if value is None:
+            if not field.nullable:
+                return f"{field.name} is null"
+            continue
+        if pa.types.is_integer(field.type):
+            fits = isinstance(value, int) and not isinstance(value, bool)
+        elif pa.types.is_boolean(field.type):
+            fits = isinstance(value, bool)
+        elif pa.types.is_floating(field.type):
+            fits = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            fits = isinstance(value, str)
+        if not fits:
+            return f"{field.name} is {value!r}, not of type {field.type}"
+    try:
+        records_to_table([record])
+    except (pa.ArrowException, OverflowError) as exc:
+        return f"not a result row ({exc})"
+    stored = (record["suite"], record["task_id"], record["init_state_id"])
+    if stored != (episode.suite, episode.task_id, episode.init_state_id):
+        return (
+            f"the record of {stored[0]} task {stored[1]} init state {stored[2]}, not of "
+            f"{episode.suite} task {episode.task_id} init state {episode.init_state_id}"
+        )
+    if episode.seed is not None and record["seed"] != episode.seed:
+        return f"the record of seed {record['seed']}, not of seed {episode.seed}"
+    return None
 
 
 def with_derived_columns(record: dict[str, Any]) -> dict[str, Any]:
