@@ -1,7 +1,7 @@
 """Render the config schema (the package's ``data/schema.yaml``, or the file named) as the
 Markdown config reference (config/README.md).
 
-Usage: ``python -m libero_eval.schema_doc > config/README.md``.
+Usage: ``.venv/bin/python -m libero_eval.schema_doc > config/README.md``.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from libero_eval import package_data
 HEADER = """# Configuration reference
 
 Generated from `src/libero_eval/data/schema.yaml` (package data: the workflow and the package
-read this one file) by `python -m libero_eval.schema_doc > config/README.md` (a test keeps it in
-sync). The workflow validates the config against the
+read this one file) by `.venv/bin/python -m libero_eval.schema_doc > config/README.md` (a test
+keeps it in sync). The workflow validates the config against the
 schema, fills in the defaults, then checks what a schema cannot (files exist, the stats file
 has the block the normalization needs, `num_frames == num_action_chunks + 1`, ...). Every
 error names the field and the fix.
