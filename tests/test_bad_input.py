@@ -25,6 +25,7 @@ from libero_eval.aggregate import write_summary
 from libero_eval.config import RunSettings
 from libero_eval.plan import Episode, make_shards, plan_table
 from libero_eval.rollout.runner import ShardFailed, run_shard
+from libero_eval.serve.command import ServerHostError, check_host, exposure_warning
 from libero_eval.store import EpisodeStore, read_results, write_results
 
 REPO = Path(__file__).resolve().parents[1]
@@ -145,6 +146,50 @@ def test_stats_file_of_the_wrong_shape_is_named_with_the_fix(workdir):
     )
     assert "policy.cosmos3.action_stats_path: action stats file stats7.json" in error
     assert "block 'global_raw', key 'q01': expected a list of 10 numbers, got length 7" in error
+
+
+HOST_CONFIG = (
+    "run_id: bad_input\nplan: {task_ids: [0], num_trials_per_task: 1}\n"
+    "server: {host: 192.0.2.1, reference: {policy: hold}}\n"
+)
+
+
+@pytest.mark.workflow
+def test_a_host_that_cannot_be_bound_is_named_with_the_fix_and_warned_of_once(workdir):
+    """192.0.2.1 (TEST-NET-1, on no interface here): the serve job fails before any server
+    starts, naming server.host and the fix, and its shards fail at once with its reason
+    (there was a traceback, OSError: [Errno 99], after Snakemake's "filesystem latency" hint).
+    A host other than loopback is warned of once per run."""
+    error = snakemake_error(workdir, HOST_CONFIG)
+    refused = "server.host '192.0.2.1' cannot be bound on this machine"
+    serve_log = (workdir / "logs/bad_input/serve/slot0.log").read_text()
+    assert refused in serve_log and "Set server.host to 127.0.0.1" in serve_log
+    assert "Traceback" not in serve_log
+    shard_log = (workdir / "logs/bad_input/rollout/shard000.log").read_text()
+    assert f"slot0.json is failed: {refused}" in shard_log
+    assert error.count("Config warning: server.host '192.0.2.1'") == 1
+    assert "no authentication" in error
+
+
+@pytest.mark.parametrize(
+    ("host", "warned"),
+    [("127.0.0.1", None), ("localhost", None), ("::1", None), ("127.0.1.1", None)]
+    + [("0.0.0.0", "every network interface"), ("::", "every network interface")]
+    + [("192.0.2.1", "listen on 192.0.2.1")],
+)
+def test_a_host_other_than_loopback_is_warned_of(host, warned):
+    warning = exposure_warning(host)
+    if warned is None:
+        assert warning is None
+    else:
+        assert warning.startswith(f"server.host {host!r}: the policy servers listen on")
+        assert warned in warning and "Keep the default 127.0.0.1" in warning
+
+
+def test_an_unresolvable_host_is_named_before_any_server_starts():
+    with pytest.raises(ServerHostError, match=r"server.host 'no-such-host.invalid' cannot be"):
+        check_host("no-such-host.invalid")
+    check_host("127.0.0.1")  # loopback binds
 
 
 # ----------------------------------------------------------------------------- servers

@@ -414,3 +414,34 @@ def test_episode_failures_are_recorded_and_a_forced_rerun_redoes_only_them(
     report.append(result)
     assert result.lost == 0
     assert result.rerun == 2
+
+
+def test_a_full_disk_names_the_record_path_keeps_what_was_written_and_resumes(
+    tmp_path, baseline, report
+):
+    """After 2 records the store's disk is full (the kernel's own ENOSPC: its temporary files
+    are /dev/full). The shard fails naming the record it could not write and the fix, with no
+    traceback; the 2 records stay intact, and a rerun once there is space finishes the run."""
+    workdir = make_workdir(tmp_path / "wd")
+    configfile = write_config(workdir, "ft_disk_full")
+    first = snakemake(workdir, configfile, env={"LIBERO_EVAL_FAULT": "disk_full_after_episodes=2"})
+    assert first.proc.returncode != 0
+    assert_no_orphans(first)
+    before = store_records(workdir, "ft_disk_full")
+    assert len(before) == 2
+    shard_log = (workdir / "logs/ft_disk_full/rollout/shard000.log").read_text()
+    store = next((workdir / "results/ft_disk_full/episodes").iterdir()).relative_to(workdir)
+    assert f"No space left on device: cannot write {store}/libero_spatial/task" in shard_log
+    assert f"Free space on the disk that holds {store}/libero_spatial (df -h" in shard_log
+    assert "Traceback" not in shard_log
+    assert (
+        "FAILED: [Errno 28] No space left on device: cannot write"
+        in (workdir / "logs/ft_disk_full/eval_embodiment.log").read_text()
+    )
+
+    _, equal = finish_and_compare(workdir, configfile, "ft_disk_full", baseline)
+    after = store_records(workdir, "ft_disk_full")
+    result = figures("disk full (ENOSPC) after 2 records", before, before, after, equal)
+    report.append(result)
+    assert result.lost == 0
+    assert result.rerun == NUM_EPISODES - len(before)

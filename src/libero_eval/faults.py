@@ -16,6 +16,9 @@ request counts are 1-based and count what THIS shard process did (a rerun starts
 ``reject_request_at=N``         the shard's N-th policy request is rejected, as an HTTP 4xx is:
                                 the shard fails at once (its finished episodes are kept)
 ``exit_shard_after_episodes=N`` the shard process SIGKILLs itself once N episodes are persisted
+``disk_full_after_episodes=N``  once N episodes are persisted, the disk is full for the store:
+                                each later record's temporary file is /dev/full, whose writes
+                                fail with the kernel's ENOSPC
 ``fail_shard_once=SHARD:MARKER`` shard SHARD fails (exit 1) after its first persisted episode,
                                 once: it creates the file MARKER, and passes when MARKER exists
 =============================== ==================================================================
@@ -35,6 +38,7 @@ _COUNTS = (
     "nan_action_at_episode",
     "reject_request_at",
 )
+_AFTER_PERSISTED = ("exit_shard_after_episodes", "disk_full_after_episodes")
 
 
 class InjectedFault(RuntimeError):
@@ -50,6 +54,7 @@ class Faults:
     nan_action_at_episode: int | None = None
     reject_request_at: int | None = None
     exit_shard_after_episodes: int | None = None
+    disk_full_after_episodes: int | None = None
     fail_shard_once: tuple[str, Path] | None = None
 
     def after_episode_persisted(self, shard: str, persisted: int) -> None:
@@ -77,7 +82,7 @@ def parse_faults(text: str) -> Faults:
         name = name.strip()
         if not sep:
             raise ValueError(f"{ENV_VAR}: item {item!r} must look like name=value")
-        if name in (*_COUNTS, "exit_shard_after_episodes"):
+        if name in (*_COUNTS, *_AFTER_PERSISTED):
             try:
                 count = int(value)
             except ValueError:
@@ -95,7 +100,7 @@ def parse_faults(text: str) -> Faults:
         else:
             raise ValueError(
                 f"{ENV_VAR}: unknown fault {name!r}; known: "
-                f"{', '.join((*_COUNTS, 'exit_shard_after_episodes', 'fail_shard_once'))}"
+                f"{', '.join((*_COUNTS, *_AFTER_PERSISTED, 'fail_shard_once'))}"
             )
     return Faults(**values)
 

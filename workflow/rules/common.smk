@@ -10,6 +10,7 @@ from libero_eval.config import (
     check_family_fields,
     validate_config,
 )
+from libero_eval.serve.command import exposure_warning
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
 
@@ -28,6 +29,10 @@ try:
 except ConfigError as error:
     raise WorkflowError(f"Invalid config: {error}")
 
+# once per run (not again in the jobs Snakemake spawns): a host other than loopback exposes
+# the unauthenticated policy servers
+if workflow.is_main_process and (exposed := exposure_warning(config["server"]["host"])):
+    print(f"Config warning: {exposed}", file=sys.stderr)
 RUN = config["run_id"]
 # The serve rule's interpreter: under `--sdm conda` the rule's own environment's `python`
 # (its `conda:` env is on PATH); otherwise the interpreter Snakemake runs in, which need not be

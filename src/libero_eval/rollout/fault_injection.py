@@ -12,17 +12,24 @@ wrapping what the shard runner is given, never by a hook in its loop:
   the shard's N-th request is rejected (``reject_request_at``), as a server answering 4xx
   does; the connections of a shard's policy threads share one count (:class:`RequestCount`).
 - :class:`FaultyStore` wraps the episode store: after each durable record it lets the plan
-  kill or fail the shard (``exit_shard_after_episodes``, ``fail_shard_once``).
+  kill or fail the shard (``exit_shard_after_episodes``, ``fail_shard_once``); after N, the
+  disk is full for it (``disk_full_after_episodes``: the store's own write, its temporary file
+  on /dev/full).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Self
 
 import numpy as np
 
+from libero_eval import store as store_module
 from libero_eval.failures import FailurePolicy
 from libero_eval.faults import Faults
 from libero_eval.plan import Episode
@@ -168,7 +175,27 @@ class FaultyStore:
         return getattr(self._store, name)
 
     def write(self, episode: Episode, record: dict[str, Any]) -> Any:
+        full_after = self._faults.disk_full_after_episodes
+        if full_after is not None and self.persisted >= full_after:
+            with _temporary_files_on_dev_full():
+                return self._store.write(episode, record)  # raises the store's DiskFullError
         written = self._store.write(episode, record)
         self.persisted += 1
         self._faults.after_episode_persisted(self._shard, self.persisted)
         return written
+
+
+@contextlib.contextmanager
+def _temporary_files_on_dev_full() -> Iterator[None]:
+    """The store's temporary files (`tempfile.mkstemp` as `libero_eval.store` calls it) open
+    /dev/full, so its writes get the kernel's ENOSPC as on a full disk."""
+
+    def mkstemp(dir: str | Path, prefix: str, suffix: str) -> tuple[int, str]:
+        return os.open("/dev/full", os.O_WRONLY), str(Path(dir) / f"{prefix}full{suffix}")
+
+    real = store_module.tempfile
+    store_module.tempfile = SimpleNamespace(mkstemp=mkstemp)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        store_module.tempfile = real

@@ -32,7 +32,7 @@ from libero_eval.rollout.fault_injection import (
 from libero_eval.rollout.render_device import RenderPlan
 from libero_eval.rollout.runner import ShardFailed, ShardSettings, run_shard
 from libero_eval.service import ParentWatch, ServiceUnavailableError, wait_for_service
-from libero_eval.store import EpisodeStore
+from libero_eval.store import DiskFullError, EpisodeStore
 
 
 class ShardTerminated(BaseException):
@@ -121,7 +121,7 @@ def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
             env_workers=env_workers,
             connections=connections,
         )
-    except (ShardFailed, ServiceUnavailableError, InjectedFault) as exc:
+    except (ShardFailed, ServiceUnavailableError, InjectedFault, DiskFullError) as exc:
         log_event(event_log, f"rollout {shard_name}", f"FAILED: {exc}")
         print(f"{exc}\n{resume}", file=sys.stderr)
         raise SystemExit(1) from exc

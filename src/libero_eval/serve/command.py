@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import ipaddress
 import json
 import os
 import socket
@@ -218,10 +219,54 @@ def port_is_free(host: str, port: int) -> bool:
     return True
 
 
+class ServerHostError(OSError):
+    """`server.host` is no address a server could listen on here; the message says the fix."""
+
+
+def check_host(host: str) -> None:
+    """Raise :class:`ServerHostError` unless a server can listen on `host` on this machine
+    (bound once, on a free port: an address of none of its interfaces fails with
+    EADDRNOTAVAIL, a name that does not resolve with a gaierror)."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as sock:
+            sock.bind(address)
+    except OSError as exc:  # socket.gaierror included
+        raise ServerHostError(
+            f"server.host {host!r} cannot be bound on this machine ({socket.gethostname()}): "
+            f"{exc.strerror or exc}. Set server.host to 127.0.0.1 (the default: each shard "
+            "reaches its server on the machine they share), or to an address of this "
+            "machine's own interfaces"
+        ) from exc
+
+
+def exposure_warning(host: str) -> str | None:
+    """The warning for a `server.host` that is not loopback: the policy servers answer
+    anyone who can reach that address, with no authentication; None for loopback."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: loopback if every address it resolves to is
+        try:
+            infos = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)
+            loopback = all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+        except (OSError, ValueError):
+            loopback = False
+    if loopback:
+        return None
+    where = "every network interface" if host in ("0.0.0.0", "::", "") else host
+    return (
+        f"server.host {host!r}: the policy servers listen on {where}, so anyone who can reach "
+        "this machine can send them requests (they have no authentication). Keep the default "
+        "127.0.0.1 unless a client on another machine needs them."
+    )
+
+
 def resolve_port(settings: ServerSettings) -> ServerSettings:
     """Settings with concrete ports: port 0 becomes a free port on settings.host (for sglang
     one whose next port, SGLang's broker, is free too), and an sglang server without its own
-    master and scheduler ports gets two free ones. Ports already set stay."""
+    master and scheduler ports gets two free ones. Ports already set stay. A host no server
+    could listen on here raises :class:`ServerHostError`, before any server starts."""
+    check_host(settings.host)
     sglang = settings.backend == "sglang"
     if settings.port == 0:
         settings = replace(settings, port=pick_free_port(settings.host, with_next=sglang))

@@ -38,7 +38,7 @@ import yaml
 
 from libero_eval.eventlog import log_event
 from libero_eval.policy.capacity import CapacityProbe
-from libero_eval.serve.command import build_command, resolve_port
+from libero_eval.serve.command import ServerHostError, build_command, resolve_port
 from libero_eval.serve.launcher import LaunchAborted, ManagedServer, ServerStartError
 from libero_eval.serve.settings import ServerSettings, ServerSettingsError
 from libero_eval.service import ParentWatch, write_service_file
@@ -295,7 +295,11 @@ def main(argv: Sequence[str] | None = None, probe: Probe | None = None) -> int:
     service_file = Path(args.service_file)
     with contextlib.suppress(FileNotFoundError):
         service_file.unlink()  # never let consumers see a previous run's file
-    slot = _Slot(resolve_port(settings), service_file, events, probe)
+    try:
+        slot = _Slot(resolve_port(settings), service_file, events, probe)
+    except ServerHostError as exc:  # no server started: the service file tells the shards
+        watch.stop()
+        return _Slot(settings, service_file, events).fail(str(exc), str(exc))
     try:
         return slot.run(stop)
     finally:
