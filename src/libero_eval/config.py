@@ -479,20 +479,24 @@ class RunSettings:
         """How a serve job measures its server at start (`libero_eval.policy.capacity`): the
         family's adapter settings and endpoint, and how many one-observation requests the
         server merges into a batch (SGLang's --batching-max-size, the reference server's
-        max_batch_size; openpi's server computes one at a time)."""
+        max_batch_size; openpi's server computes one at a time), and the batch sizes whose
+        CUDA graphs it captures before the server is ready (the family's ``graph_batches``)."""
         server = self.config["server"]
         merged = {
             "reference": server["reference"]["max_batch_size"],
             "sglang": server["sglang"]["batching_max_size"],
         }.get(server["backend"], 1)
+        family = self.config["policy"]["family"]
+        graph_batches = families.get(family).graph_batches
         return CapacityProbe(
-            family=self.config["policy"]["family"],
+            family=family,
             policy=self.policy,
             merged_batch_size=merged,
             camera_size=self.config["rollout"]["camera_size"],
             privileged_state=self.config["rollout"]["send_privileged_state"],
             timeout_s=self.failures.request_timeout_s,
             family_modules=tuple(self.config["policy"]["family_modules"]),
+            graph_batches=tuple(graph_batches(self.config)) if graph_batches else (),
         )
 
     def render_plan(self, slot: int) -> RenderPlan:
