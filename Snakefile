@@ -28,5 +28,10 @@ rule all:
         get_final_output(),
 
 
+onstart:
+    # the run's launch, for the report's "where the wall time went" (libero_eval.timeline)
+    record_launch(EVENT_LOG)
+
+
 onsuccess:
     print_summary()
