@@ -1,20 +1,30 @@
-"""Throughput, server duty cycle and GPU memory of one workflow run, from what it left behind.
+"""Throughput, server duty cycle, GPU memory and where the wall time went in one workflow run,
+from what it left behind.
 
     python benchmarks/workflow_run.py RUN_DIR [RUN_DIR ...] [--json OUT.json]
 
-RUN_DIR holds a run's ``summary/episodes.parquet`` (results/<run>/summary), its serve log
-(``<run>/serve/slot0.log`` under logs/) and, optionally, ``gpu.jsonl`` from
-tools/gpu/gpu_monitor.py (found as RUN_DIR/../gpu_<run>.jsonl). Figures:
+RUN_DIR holds a run's ``summary/`` (results/<run>/summary: ``episodes.parquet``,
+``efficiency.csv``), its ``shards/`` (the dispatch logs), its logs (``<run>/serve/slot0.log``,
+``<run>/eval_embodiment.log``, from logs/) and, optionally, ``gpu.jsonl`` from
+tools/gpu/gpu_monitor.py (found as RUN_DIR/../gpu_<run>.jsonl); tools/gpu/run_h200.sh copies
+them so. The windows are the report's (`libero_eval.timeline`, docs/reporting.md):
 
-- steps/s and policy observations/s in the steady window: from the first episode's end (every
-  env has started by then) to the last episode's start (no env idle yet), each episode's steps
-  and calls spread evenly over the time it ran;
-- episodes/hour at the protocol's full length: observations/s x 3600 / queries per full episode
-  (``--queries-per-episode``; rlinf on libero_spatial 480 / 16 = 30, openpi 220 / 5 = 44);
+- serving: from the run's first policy request to its last answer (the dispatch logs); the
+  observations answered ok in it over its length is the report's obs/s. (The window from the
+  first episode's end to the last one's start, used before, also held the envs' start.)
+  Steps/s spreads each episode's steps evenly over the time it ran;
+- mid-run: the middle ``MID`` of the serving window, its answers over its length (the server's
+  pace once every env is busy and before the last ones finish);
+- the run's timeline (efficiency.csv's columns: launch -> server ready -> first request ->
+  last answer -> shard end -> aggregate; its bound and ratio) and the launch to the report
+  (the report rule's line in the event log);
+- episodes/hour at the protocol's full length: mid-run observations/s x 3600 / queries per
+  full episode (``--queries-per-episode``; rlinf on libero_spatial 480 / 16 = 30, openpi
+  220 / 5 = 44);
 - duty cycle: SGLang's own stage timings (``[...Stage] finished in X seconds`` lines of the
-  serve log) summed over the steady window, over its length;
+  serve log) summed over the serving window, over its length;
 - GPU: peak memory of the whole GPU, of the server's processes and of the env workers' EGL
-  contexts, and the mean utilization in the window.
+  contexts, and the mean utilization in the serving window.
 """
 
 from __future__ import annotations
@@ -31,6 +41,24 @@ import pandas as pd
 
 STAGE = re.compile(r"^\[(\d\d-\d\d \d\d:\d\d:\d\d)\] \[(\w+)\] finished in ([\d.e+-]+) seconds")
 QUERIES = {"rlinf": 30, "openpi": 44, "cosmos": 14}
+MID = 0.8  # the mid-run window: this middle part of the serving window
+# the report rule's line (libero_eval.report.efficiency write_efficiency_html)
+REPORT = re.compile(r"\[report\] slot \d+: launch → report ([\d.]+) s")
+# (key, efficiency.csv column, digits): the first slot's timeline (libero_eval.timeline)
+TIMELINE = (
+    ("capacity_obs_per_s", "capacity_obs_per_s", 2),
+    ("launch_to_server_launch_s", "launch_to_server_launch_s", 1),
+    ("start_to_ready_s", "start_to_ready_s", 1),
+    ("envs_ready_s", "envs_ready_s", 1),
+    ("ready_to_first_request_s", "ready_to_first_request_s", 1),
+    ("serving_s", "serving_s", 1),
+    ("last_answer_to_shard_end_s", "last_answer_to_shard_end_s", 1),
+    ("shard_end_to_aggregate_s", "shard_end_to_aggregate_s", 1),
+    ("launch_to_aggregate_s", "wall_s", 1),
+    ("bound_serving_s", "bound_serving_s", 1),
+    ("bound_s", "bound_s", 1),
+    ("ratio_aggregate", "wall_over_bound", 2),
+)
 
 
 def _spread(starts, ends, amounts, t0: float, t1: float) -> float:
@@ -57,16 +85,59 @@ def stage_seconds(log: Path, t0: float, t1: float, year: int) -> tuple[float, in
     return busy, count
 
 
+def dispatch_requests(run_dir: Path) -> pd.DataFrame:
+    """Every policy request of the run's dispatch logs: sent_at, answered_at, observations, ok."""
+    rows = [
+        request[:4]
+        for path in sorted(run_dir.glob("shards/*.dispatch.json"))
+        for request in json.loads(path.read_text())["requests"]
+    ]
+    return pd.DataFrame(rows, columns=["sent_at", "answered_at", "observations", "ok"])
+
+
+def report_seconds(run_dir: Path) -> float | None:
+    """The launch to the report: the report rule's event-log line (report/efficiency.py)."""
+    for log in sorted(run_dir.glob("*/eval_embodiment.log")):
+        found = REPORT.findall(log.read_text(errors="replace"))
+        if found:
+            return float(found[-1])
+    return None
+
+
+def timeline(run_dir: Path) -> dict[str, Any]:
+    """The first slot's windows, bound and ratio from the report's efficiency.csv."""
+    path = run_dir / "summary" / "efficiency.csv"
+    if not path.is_file():
+        return {}
+    row = pd.read_csv(path).iloc[0]
+    found = {
+        key: round(float(row[column]), digits)
+        for key, column, digits in TIMELINE
+        if column in row and pd.notna(row[column])
+    }
+    report = report_seconds(run_dir)
+    if report is not None:
+        found["launch_to_report_s"] = round(report, 1)
+        if "bound_s" in found:
+            found["ratio_report"] = round(report / found["bound_s"], 2)
+    return found
+
+
 def analyze(run_dir: Path, queries_per_episode: int | None) -> dict[str, Any]:
     episodes = pd.read_parquet(run_dir / "summary" / "episodes.parquet")
     ends = episodes["finished_at"].astype(float)
     starts = ends - episodes["wall_time_s"].astype(float)
-    t0, t1 = float(ends.min()), float(starts.max())
-    if t1 - t0 < 5.0:  # too few episodes for a steady window: the whole run
-        t0, t1 = float(starts.min()), float(ends.max())
+    requests = dispatch_requests(run_dir)
+    if requests.empty:
+        raise SystemExit(f"{run_dir}: no policy requests in shards/*.dispatch.json")
+    t0, t1 = float(requests["sent_at"].min()), float(requests["answered_at"].max())
     window = t1 - t0
+    ok = requests[requests["ok"].astype(bool)]
     steps = _spread(starts, ends, episodes["steps"], t0, t1)
-    calls = _spread(starts, ends, episodes["policy_calls"], t0, t1)
+    # mid-run: the middle MID of the serving window
+    m0, m1 = t0 + window * (1 - MID) / 2, t1 - window * (1 - MID) / 2
+    inside = ok[(ok["answered_at"] >= m0) & (ok["answered_at"] <= m1)]
+    mid = float(inside["observations"].sum()) / (m1 - m0) if m1 > m0 else float("nan")
     protocol = str(episodes["protocol"].iloc[0])
     per_episode = queries_per_episode or QUERIES.get(protocol)
     result: dict[str, Any] = {
@@ -76,12 +147,15 @@ def analyze(run_dir: Path, queries_per_episode: int | None) -> dict[str, Any]:
         "protocol": protocol,
         "window_s": round(window, 1),
         "steps_per_s": round(steps / window, 1),
-        "obs_per_s": round(calls / window, 2),
+        "obs_per_s": round(float(ok["observations"].sum()) / window, 2),
+        "mid_obs_per_s": round(mid, 2),
         "latency_mean_s": round(float(episodes["policy_latency_mean_s"].mean()), 3),
-        "run_s": round(float(ends.max() - starts.min()), 1),
     }
+    result |= timeline(run_dir)
+    if "capacity_obs_per_s" in result:
+        result["mid_of_capacity"] = round(mid / result["capacity_obs_per_s"], 3)
     if per_episode:
-        result["episodes_per_hour_full"] = round(calls / window * 3600 / per_episode)
+        result["episodes_per_hour_full"] = round(mid * 3600 / per_episode)
     logs = sorted(run_dir.glob("**/serve/slot0.log"))
     if logs:
         year = datetime.fromtimestamp(t0).year
@@ -93,13 +167,13 @@ def analyze(run_dir: Path, queries_per_episode: int | None) -> dict[str, Any]:
     gpu = run_dir.parent / f"gpu_{run_dir.name}.jsonl"
     if gpu.is_file():
         rows = [json.loads(line) for line in gpu.read_text().splitlines() if line.strip()]
-        inside = [r for r in rows if t0 <= r["t"] <= t1] or rows
+        inside_gpu = [r for r in rows if t0 <= r["t"] <= t1] or rows
         result.update(
             gpu_peak_mib=max(r["used_mib"] for r in rows),
             server_peak_mib=max(r["server_mib"] for r in rows),
             renderer_peak_mib=max(r["renderer_mib"] for r in rows),
             renderer_procs=max(r["renderer_procs"] for r in rows),
-            gpu_util_mean=round(sum(r["util"] for r in inside) / len(inside), 1),
+            gpu_util_mean=round(sum(r["util"] for r in inside_gpu) / len(inside_gpu), 1),
             gpu_after_mib=rows[-1]["used_mib"],
         )
     return result
