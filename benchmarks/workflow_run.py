@@ -25,6 +25,13 @@ them so. The windows are the report's (`libero_eval.timeline`, docs/reporting.md
   serve log) summed over the serving window, over its length;
 - GPU: peak memory of the whole GPU, of the server's processes and of the env workers' EGL
   contexts, and the mean utilization in the serving window.
+
+``--done`` prints issue 39's table instead, one row per run: launch -> report, the windows,
+the bound (the server's start to ready + the run's observations at the closed-loop rate) and
+the ratio, the mid-run share of the closed loop, the worst shard's end after its last answer.
+The rate is the capacity probe's (the report's), or where ``--rate PREFIX=OBS_PER_S`` or
+``--bench PREFIX=BENCH.json`` (``benchmarks/sglang_server.py --saturate``'s ``saturated``) names
+the run's prefix (``h200_pi05_``), that one, measured on the same machine.
 """
 
 from __future__ import annotations
@@ -55,6 +62,7 @@ TIMELINE = (
     ("last_answer_to_shard_end_s", "last_answer_to_shard_end_s", 1),
     ("shard_end_to_aggregate_s", "shard_end_to_aggregate_s", 1),
     ("launch_to_aggregate_s", "wall_s", 1),
+    ("observations", "observations", 0),
     ("bound_serving_s", "bound_serving_s", 1),
     ("bound_s", "bound_s", 1),
     ("ratio_aggregate", "wall_over_bound", 2),
@@ -123,6 +131,21 @@ def timeline(run_dir: Path) -> dict[str, Any]:
     return found
 
 
+def shard_tail(run_dir: Path) -> float | None:
+    """The most seconds a shard took from its last answer to its end (its dispatch log's
+    timeline, else its last answer and ``ended_at``)."""
+    tails = []
+    for path in sorted(run_dir.glob("shards/*.dispatch.json")):
+        log = json.loads(path.read_text())
+        steps = log.get("timeline") or {}
+        answers = [r[1] for r in log["requests"]]
+        last = steps.get("last_answer") or (max(answers) if answers else None)
+        end = steps.get("shard_end") or log.get("ended_at")
+        if last is not None and end is not None:
+            tails.append(float(end) - float(last))
+    return round(max(tails), 1) if tails else None
+
+
 def analyze(run_dir: Path, queries_per_episode: int | None) -> dict[str, Any]:
     episodes = pd.read_parquet(run_dir / "summary" / "episodes.parquet")
     ends = episodes["finished_at"].astype(float)
@@ -152,6 +175,7 @@ def analyze(run_dir: Path, queries_per_episode: int | None) -> dict[str, Any]:
         "latency_mean_s": round(float(episodes["policy_latency_mean_s"].mean()), 3),
     }
     result |= timeline(run_dir)
+    result["worst_shard_tail_s"] = shard_tail(run_dir)
     if "capacity_obs_per_s" in result:
         result["mid_of_capacity"] = round(mid / result["capacity_obs_per_s"], 3)
     if per_episode:
@@ -179,21 +203,95 @@ def analyze(run_dir: Path, queries_per_episode: int | None) -> dict[str, Any]:
     return result
 
 
+def with_rate(result: dict[str, Any], rate: float, source: str) -> dict[str, Any]:
+    """The bound and ratios at another closed-loop rate (``source`` says where it is from)."""
+    out = dict(result, rate=rate, rate_source=source)
+    if "start_to_ready_s" in result and "observations" in result:
+        bound = result["start_to_ready_s"] + result["observations"] / rate
+        out["bound_s"] = round(bound, 1)
+        for key, wall in (
+            ("ratio_report", "launch_to_report_s"),
+            ("ratio_aggregate", "launch_to_aggregate_s"),
+        ):
+            if wall in result:
+                out[key] = round(result[wall] / bound, 2)
+    out["mid_of_capacity"] = round(result["mid_obs_per_s"] / rate, 3)
+    return out
+
+
+def rates(pairs: list[str], benches: list[str]) -> dict[str, tuple[float, str]]:
+    """``PREFIX=OBS_PER_S`` and ``PREFIX=BENCH.json`` (its saturated closed loop) -> rate."""
+    found: dict[str, tuple[float, str]] = {}
+    for pair in pairs:
+        prefix, value = pair.split("=", 1)
+        found[prefix] = (float(value), "given")
+    for pair in benches:
+        prefix, path = pair.split("=", 1)
+        saturated = json.loads(Path(path).read_text()).get("saturated") or {}
+        if saturated.get("obs_per_s"):
+            found[prefix] = (float(saturated["obs_per_s"]), f"bench {Path(path).name}")
+    return found
+
+
+DONE = (  # (heading, key, form) of issue 39's table
+    ("run", "run", "s"),
+    ("episodes", "episodes", "d"),
+    ("launch → report", "launch_to_report_s", ".0f"),
+    ("server start → ready", "start_to_ready_s", ".0f"),
+    ("envs ready (after launch)", "envs_ready_s", ".0f"),
+    ("ready → first request", "ready_to_first_request_s", ".1f"),
+    ("serving", "serving_s", ".0f"),
+    ("last answer → shard end (worst shard)", "worst_shard_tail_s", ".1f"),
+    ("bound", "bound_s", ".0f"),
+    ("ratio", "ratio_report", ".2f"),
+    ("mid-run obs/s (of the closed loop)", "mid", "s"),
+    ("closed loop obs/s (source)", "closed", "s"),
+)
+
+
+def done_row(result: dict[str, Any]) -> str:
+    cells = dict(result)
+    rate = result.get("rate", result.get("capacity_obs_per_s"))
+    cells["mid"] = f"{result['mid_obs_per_s']:.1f} ({result.get('mid_of_capacity', 0):.0%})"
+    cells["closed"] = f"{rate} ({result.get('rate_source', 'capacity probe')})"
+    return (
+        "| "
+        + " | ".join(
+            "n/a" if cells.get(key) is None else format(cells[key], form) for _, key, form in DONE
+        )
+        + " |"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
     parser.add_argument("--queries-per-episode", type=int)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--done", action="store_true", help="issue 39's table")
+    parser.add_argument("--rate", action="append", default=[], help="PREFIX=OBS_PER_S")
+    parser.add_argument("--bench", action="append", default=[], help="PREFIX=BENCH.json")
     args = parser.parse_args(argv)
     results = [analyze(run, args.queries_per_episode) for run in args.runs]
-    keys = [k for k in results[0] if k != "batch_admission"]
-    print("| " + " | ".join(keys) + " |")
-    print("|" + "---|" * len(keys))
-    for r in results:
-        print("| " + " | ".join(str(r.get(k, "")) for k in keys) + " |")
-    for r in results:
-        if r.get("batch_admission"):
-            print(f"{r['run']}: {r['batch_admission']}")
+    known = rates(args.rate, args.bench)
+    for i, result in enumerate(results):
+        prefix = max((p for p in known if result["run"].startswith(p)), key=len, default=None)
+        if prefix is not None:
+            results[i] = with_rate(result, *known[prefix])
+    if args.done:
+        print("| " + " | ".join(heading for heading, _, _ in DONE) + " |")
+        print("|" + "---|" * len(DONE))
+        for r in results:
+            print(done_row(r))
+    else:
+        keys = [k for k in results[0] if k != "batch_admission"]
+        print("| " + " | ".join(keys) + " |")
+        print("|" + "---|" * len(keys))
+        for r in results:
+            print("| " + " | ".join(str(r.get(k, "")) for k in keys) + " |")
+        for r in results:
+            if r.get("batch_admission"):
+                print(f"{r['run']}: {r['batch_admission']}")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     return 0

@@ -48,7 +48,8 @@ def make_run(tmp_path: Path) -> Path:
     requests = [[T0 + 39.0 + i, T0 + 40.0 + i, 4, i != 5] for i in range(1, 11)]
     requests[0][0] = T0 + 40.0
     (run / "shards").mkdir()
-    (run / "shards" / "shard000.dispatch.json").write_text(json.dumps({"requests": requests}))
+    log = {"requests": requests, "ended_at": T0 + 51.5}  # 1.5 s after its last answer
+    (run / "shards" / "shard000.dispatch.json").write_text(json.dumps(log))
     timeline = {
         "capacity_obs_per_s": 4.0,
         "launch_to_server_launch_s": 2.0,
@@ -59,6 +60,7 @@ def make_run(tmp_path: Path) -> Path:
         "last_answer_to_shard_end_s": 1.5,
         "shard_end_to_aggregate_s": 4.0,
         "wall_s": 55.5,
+        "observations": 40,
         "bound_serving_s": 10.0,
         "bound_s": 40.0,
         "wall_over_bound": 55.5 / 40.0,
@@ -131,3 +133,22 @@ def test_the_runs_timeline_bound_and_ratio_come_from_the_report(tmp_path):
 def test_queries_per_episode_can_be_given(tmp_path):
     result = workflow_run.analyze(make_run(tmp_path), 44)
     assert result["episodes_per_hour_full"] == round(4.0 * 3600 / 44)
+
+
+def test_the_done_table_takes_the_closed_loop_the_bench_measured_on_the_same_machine(
+    tmp_path, capsys
+):
+    run = make_run(tmp_path)
+    bench = tmp_path / "bench_cosmos3.json"
+    bench.write_text(json.dumps({"saturated": {"requesters": 2, "obs_per_s": 5.0}}))
+    assert workflow_run.main([str(run), "--done", "--bench", f"h200_cosmos3_={bench}"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| run | episodes | launch → report | server start → ready |")
+    # the bound at the bench's rate: 30 s to ready + 40 observations at 5.0 obs/s = 38 s;
+    # the report 60 s after launch: 1.58x; mid-run 4.0 obs/s is 80% of 5.0
+    assert table[2] == (
+        "| h200_cosmos3_e4 | 8 | 60 | 30 | 25 | 8.0 | 10 | 1.5 | 38 | 1.58 | 4.0 (80%) "
+        "| 5.0 (bench bench_cosmos3.json) |"
+    )
+    workflow_run.main([str(run), "--done"])  # else the capacity probe's rate
+    assert "| 40 | 1.50 | 4.0 (100%) | 4.0 (capacity probe) |" in capsys.readouterr().out

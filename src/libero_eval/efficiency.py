@@ -15,7 +15,8 @@ three). The server's own pace, its seconds per full batch in the run, comes from
 `slot_efficiency` computes the figures of one slot, `diagnose` turns them into a warning
 with its likely cause and the setting to change, and `write_efficiency` is the aggregate
 step's part: `summary/efficiency.csv`, the "Efficiency" section of `summary/summary.md` and
-one event-log line per slot.
+one event-log line per slot. Each slot's row also says where the run's wall time went, from
+the workflow's launch to the aggregate step, against its server's bound (`libero_eval.timeline`).
 """
 
 from __future__ import annotations
