@@ -376,6 +376,12 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
     reference["action_stats_path"] = str(package_data.resolve(reference["action_stats_path"]))
     if family.reference_settings is not None:
         reference = family.reference_settings(config, reference)
+    sglang = dict(server["sglang"])
+    extra = [str(arg) for arg in sglang.get("extra_args") or []]
+    warmup = family.sglang_warmup if server["backend"] == "sglang" else None
+    if warmup is not None and not any(arg.startswith("--warmup") for arg in extra):
+        # SGLang's own warm-up at the run's request shape (the family says which)
+        sglang["extra_args"] = [*extra, *warmup(config)]
     own = None
     if family.server is not None:  # server.backend family: the family's own server
         own = {"command": list(family.server.command), "health_path": family.server.health_path}
@@ -393,7 +399,7 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
             "cpu_threads": server["cpu_threads"],
             "gpu_id": gpu_id,
             "reference": reference,
-            "sglang": dict(server["sglang"]),
+            "sglang": sglang,
             "openpi": dict(server["openpi"]),
             "family": own,
         }

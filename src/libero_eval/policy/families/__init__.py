@@ -77,6 +77,9 @@ class Family:
     - ``graph_batches``: ``config -> merged batch sizes`` whose CUDA graphs the run's server
       keys by batch size alone and keeps, which the capacity probe sends once each before
       the server is ready (`libero_eval.policy.capacity.warm_graphs`); None or () for none.
+    - ``sglang_warmup``: ``config -> sglang serve arguments`` that make SGLang's own start-up
+      warm-up run the run's request shape (added unless ``server.sglang.extra_args`` sets a
+      ``--warmup-*`` flag itself); None: SGLang's default.
     """
 
     name: str
@@ -93,6 +96,7 @@ class Family:
     reference_outcome: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     statistics_field: str | None = None
     graph_batches: Callable[[dict[str, Any]], tuple[int, ...]] | None = None
+    sglang_warmup: Callable[[dict[str, Any]], tuple[str, ...]] | None = None
 
     def __post_init__(self) -> None:
         if self.adapter.family != self.name:
