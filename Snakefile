@@ -34,4 +34,5 @@ onstart:
 
 
 onsuccess:
+    record_end(EVENT_LOG)
     print_summary()

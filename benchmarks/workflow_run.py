@@ -17,7 +17,7 @@ them so. The windows are the report's (`libero_eval.timeline`, docs/reporting.md
   pace once every env is busy and before the last ones finish);
 - the run's timeline (efficiency.csv's columns: launch -> server ready -> first request ->
   last answer -> shard end -> aggregate; its bound and ratio) and the launch to the report
-  (the report rule's line in the event log);
+  (the event log's "workflow end" line, else the report rule's);
 - episodes/hour at the protocol's full length: mid-run observations/s x 3600 / queries per
   full episode (``--queries-per-episode``; rlinf on libero_spatial 480 / 16 = 30, openpi
   220 / 5 = 44);
@@ -49,7 +49,9 @@ import pandas as pd
 STAGE = re.compile(r"^\[(\d\d-\d\d \d\d:\d\d:\d\d)\] \[(\w+)\] finished in ([\d.e+-]+) seconds")
 QUERIES = {"rlinf": 30, "openpi": 44, "cosmos": 14}
 MID = 0.8  # the mid-run window: this middle part of the serving window
-# the report rule's line (libero_eval.report.efficiency write_efficiency_html)
+# the end of the whole workflow (the Snakefile's onsuccess, libero_eval.timeline.record_end),
+# else the report rule's line (libero_eval.report.efficiency write_efficiency_html)
+END = re.compile(r"\[workflow\] workflow end: ([\d.]+) s after its launch")
 REPORT = re.compile(r"\[report\] slot \d+: launch → report ([\d.]+) s")
 # (key, efficiency.csv column, digits): the first slot's timeline (libero_eval.timeline)
 TIMELINE = (
@@ -104,9 +106,10 @@ def dispatch_requests(run_dir: Path) -> pd.DataFrame:
 
 
 def report_seconds(run_dir: Path) -> float | None:
-    """The launch to the report: the report rule's event-log line (report/efficiency.py)."""
+    """The launch to the report: the workflow's end line, else the report rule's line."""
     for log in sorted(run_dir.glob("*/eval_embodiment.log")):
-        found = REPORT.findall(log.read_text(errors="replace"))
+        text = log.read_text(errors="replace")
+        found = END.findall(text) or REPORT.findall(text)
         if found:
             return float(found[-1])
     return None

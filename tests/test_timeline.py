@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 
 import pandas as pd
@@ -19,7 +20,13 @@ from libero_eval.efficiency_inputs import (
     read_service_timeline,
 )
 from libero_eval.report.efficiency import efficiency_html, write_efficiency_html
-from libero_eval.timeline import launch_time, record_launch, slot_timeline, timeline_line
+from libero_eval.timeline import (
+    launch_time,
+    record_end,
+    record_launch,
+    slot_timeline,
+    timeline_line,
+)
 
 LAUNCH = T0  # test_efficiency's dispatch logs count their requests from it
 # the server: launched 3 s after the workflow, ready 96 s later (its probe included)
@@ -139,6 +146,10 @@ def test_the_launch_line_the_snakefile_writes_is_what_the_aggregate_reads(tmp_pa
         handle.write("2026-12-03 10:00:00 [workflow] workflow launch: again (epoch 1234.5)\n")
     assert launch_time(event_log) == 1234.5
     assert "[workflow] workflow launch: snakemake (pid" in event_log.read_text()
+    record_end(event_log)  # the onsuccess line: the whole workflow, its report included
+    assert re.search(
+        r"\[workflow\] workflow end: \d+\.\d s after its launch\n$", event_log.read_text()
+    )
 
 
 def test_the_aggregate_step_and_the_report_rule_log_the_windows(tmp_path):

@@ -82,6 +82,14 @@ def record_launch(event_log: Path | str | None) -> None:
     )
 
 
+def record_end(event_log: Path | str | None) -> None:
+    """The "workflow end" line (the Snakefile's ``onsuccess``, every job done, the report's
+    too): the seconds since the last "workflow launch" line's epoch."""
+    launch = launch_time(event_log)
+    since = f"{time.time() - launch:.1f} s after its launch" if launch else "its launch unknown"
+    log_event(event_log, "workflow", f"workflow end: {since}")
+
+
 def launch_time(event_log: Path | str | None) -> float | None:
     """The epoch of the last "workflow launch" line of the run's event log (None without)."""
     if event_log is None:

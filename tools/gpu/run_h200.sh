@@ -245,7 +245,7 @@ EOF
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --summary
   mkdir -p "$R/$run"
   cp -r results/$run/summary results/$run/shards results/$run/servers logs/$run "$R/$run/" 2>/dev/null
-  grep -hE "workflow launch|server (launch|start|ready|stopped)|capacity|efficiency|summary|envs ready|first request|shard end|timeline|launch → report" logs/$run/*.log 2>/dev/null | cut -c1-400
+  grep -hE "workflow (launch|end)|server (launch|start|ready|stopped)|capacity|efficiency|summary|envs ready|first request|shard end|timeline|launch → report" logs/$run/*.log 2>/dev/null | cut -c1-400
   grep -hE "memory config|Captured VLA|graph capacity reached" logs/$run/serve/*.log 2>/dev/null | cut -c1-160
   echo "server batches (requests/max: count): $(grep -ohE 'batch (sequentially: |of )[0-9]+/[0-9]+' logs/$run/serve/*.log 2>/dev/null | grep -oE '[0-9]+/[0-9]+' | sort | uniq -c | sort -rn | awk '{printf "%s:%s ", $2, $1}')"
   python3 benchmarks/workflow_run.py "$R/$run" 2>&1 | tail -12
