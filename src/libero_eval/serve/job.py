@@ -256,7 +256,7 @@ class _Slot:
 
     def record_start(self, startup_s: float, probe_s: float | None) -> None:
         """The start's parts into the service file, and the event log's "server start" line:
-        ``server start: 96.1 s to ready: process start 8.0 s, workers 12.0 s, ...``."""
+        ``server start: 96.1 s to ready (80.2 s to healthy): process start 8.0 s, ...``."""
         timeline = self.info["timeline"]
         parts = read_startup_parts(self.server.log_path, timeline["launch"], timeline["healthy"])
         warmed = (self.info.get("capacity") or {}).get("graph_warmup") or {}
