@@ -52,12 +52,22 @@ def shard(name: str, envs_ready: float, first: float, last: float, end: float) -
     }
 
 
+CHOSEN = {
+    "envs_choice": {"envs": 32, "setting": "auto", "reason": "32 envs keep 2 batches queued"},
+    "dispatch_choice": {
+        "merged_dispatch": "as_ready",
+        "setting": "auto",
+        "reason": "each observation as it is ready",
+    },
+}
+
+
 def openpi_run() -> list[dict]:
     # two shards of slot 0: the slot's envs are ready with the later shard's, it asks with the
     # earlier one, and answers and ends with the later one
     return [
-        shard("shard000", envs_ready=139.0, first=148.0, last=199.0, end=221.0),
-        shard("shard001", envs_ready=140.0, first=148.5, last=201.0, end=226.0),
+        shard("shard000", envs_ready=139.0, first=148.0, last=199.0, end=221.0) | CHOSEN,
+        shard("shard001", envs_ready=140.0, first=148.5, last=201.0, end=226.0) | CHOSEN,
     ]
 
 
@@ -85,6 +95,9 @@ def test_each_window_of_a_slot_and_its_bound():
     assert row["bound_s"] == pytest.approx(135.0, abs=0.01)
     assert row["wall_over_bound"] == pytest.approx(231 / 135.0, abs=1e-3)
     assert row["startup_parts"] == "process_start=8 weights=41.5 cuda_graphs=9.2 probe=6.1"
+    # the rollout's choices, with why (the dispatch logs), once for the slot's two shards
+    assert row["envs_choice"] == "32 (setting auto): 32 envs keep 2 batches queued"
+    assert row["dispatch_choice"] == "as_ready (setting auto): each observation as it is ready"
 
 
 def test_an_older_runners_log_gives_its_requests_and_end_and_no_envs_ready():
@@ -126,6 +139,8 @@ def test_the_summary_the_event_line_and_the_report_page_say_where_the_time_went(
     assert "| **launch → aggregate** | **231.0** |" in markdown
     assert "Envs ready 140.0 s after the workflow launch, 41.0 s after the server" in markdown
     assert "The server's start (its log and the serve job): process start 8.0 s" in markdown
+    assert "\nEnvs: 32 (setting auto): 32 envs keep 2 batches queued.\n" in markdown
+    assert "\nDispatch: as_ready (setting auto): each observation" in markdown
     line = timeline_line(row)
     assert line.startswith("slot 0 timeline: launch → server launch 3.0 s, server start → ready")
     assert "launch → aggregate 231.0 s against a bound of 96.0 s" in line
@@ -133,6 +148,7 @@ def test_the_summary_the_event_line_and_the_report_page_say_where_the_time_went(
     assert "<h2>Where the wall time went, slot 0</h2>" in page
     assert "<td>launch → report</td>" in page and "<td>233.0</td>" in page
     assert "(ratio 2.43)" in page  # 233 s against 96 s + 2 observations at 67.7 obs/s
+    assert "<p>Envs: 32 (setting auto): 32 envs keep 2 batches queued</p>" in page
 
 
 def test_the_launch_line_the_snakefile_writes_is_what_the_aggregate_reads(tmp_path):

@@ -66,7 +66,11 @@ COLUMNS = (
     "bound_s",
     "wall_over_bound",
     "startup_parts",
+    "envs_choice",  # the rollout's choice of env count and dispatch, with why (dispatch log)
+    "dispatch_choice",
 )
+# the dispatch log's choices: its key -> the value's key in it
+CHOICES = {"envs_choice": "envs", "dispatch_choice": "merged_dispatch"}
 
 
 def record_launch(event_log: Path | str | None) -> None:
@@ -164,7 +168,21 @@ def slot_timeline(
     row["wall_over_bound"] = row["wall_s"] / row["bound_s"] if row["bound_s"] > 0 else math.nan
     parts = service.startup_parts if service else {}
     row["startup_parts"] = " ".join(f"{k}={v:g}" for k, v in parts.items())
+    for column, key in CHOICES.items():
+        row[column] = choices(logs, column, key)
     return row
+
+
+def choices(logs: Sequence[Mapping[str, Any]], column: str, key: str) -> str:
+    """A slot's shards' choice (``"32 (setting auto): <reason>"``), once per distinct one."""
+    seen: list[str] = []
+    for log in logs:
+        choice = log.get(column)
+        if isinstance(choice, Mapping) and key in choice:
+            text = f"{choice[key]} (setting {choice.get('setting')}): {choice.get('reason', '')}"
+            if text not in seen:
+                seen.append(text)
+    return "; ".join(seen)
 
 
 # --------------------------------------------------------------------------- text
@@ -227,6 +245,11 @@ def timeline_markdown(row: Mapping[str, Any]) -> str:
             f" (ratio **{_s(row['wall_over_bound'], '.2f')}**) |\n"
         )
     notes = [n for n in (_envs_note(row), _parts_note(row["startup_parts"])) if n]
+    notes += [
+        f"{label}: {row[column]}"
+        for column, label in (("envs_choice", "envs"), ("dispatch_choice", "dispatch"))
+        if row.get(column)
+    ]
     lines.extend(f"\n{note[0].upper()}{note[1:]}.\n" for note in notes)
     return "".join(lines)
 

@@ -84,12 +84,18 @@ def timeline_html(row: Mapping[str, Any], now: float) -> str:
             ]
         )
     frame = pd.DataFrame(rows, columns=["window", "seconds", "at (s after launch)", "bound (s)"])
+    chosen = "".join(
+        f"<p>{label}: {html.escape(str(row[column]))}</p>"
+        for column, label in (("envs_choice", "Envs"), ("dispatch_choice", "Dispatch"))
+        if isinstance(row.get(column), str) and row[column]
+    )
     return (
         f"<h2>Where the wall time went, slot {int(row['slot'])}</h2>"
         f"<p>From the {html.escape(row['timeline_origin'])}. The bound is the server's own "
         f"start to ready plus {int(row['observations'])} observations at its closed-loop "
         f"rate ({_cell(row['capacity_obs_per_s'], '.2f')} obs/s, the capacity probe).</p>"
         + _html_table(frame)
+        + chosen
     )
 
 
