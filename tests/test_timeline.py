@@ -138,7 +138,10 @@ def test_the_summary_the_event_line_and_the_report_page_say_where_the_time_went(
     assert "| ready → first request | 49.0 | 148.0 |  |" in markdown
     assert "| **launch → aggregate** | **231.0** |" in markdown
     assert "Envs ready 140.0 s after the workflow launch, 41.0 s after the server" in markdown
-    assert "The server's start (its log and the serve job): process start 8.0 s" in markdown
+    assert (
+        "The server's start (its log and the serve job): process start 8.0 s, weights 41.5 s, "
+        "CUDA graphs 9.2 s, capacity probe 6.1 s." in markdown
+    )
     assert "\nEnvs: 32 (setting auto): 32 envs keep 2 batches queued.\n" in markdown
     assert "\nDispatch: as_ready (setting auto): each observation" in markdown
     line = timeline_line(row)

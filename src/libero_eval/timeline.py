@@ -33,6 +33,7 @@ import psutil
 
 from libero_eval.efficiency_inputs import ServiceTimeline
 from libero_eval.eventlog import log_event
+from libero_eval.serve.startup import describe_parts
 
 # the Snakefile's onstart line (workflow/rules/common.smk, workflow_launch)
 LAUNCH_LINE = re.compile(r"\[workflow\] workflow launch: .*\(epoch (\d+(?:\.\d+)?)\)")
@@ -179,7 +180,8 @@ def choices(logs: Sequence[Mapping[str, Any]], column: str, key: str) -> str:
     for log in logs:
         choice = log.get(column)
         if isinstance(choice, Mapping) and key in choice:
-            text = f"{choice[key]} (setting {choice.get('setting')}): {choice.get('reason', '')}"
+            value = "none" if choice[key] is None else choice[key]
+            text = f"{value} (setting {choice.get('setting')}): {choice.get('reason', '')}"
             if text not in seen:
                 seen.append(text)
     return "; ".join(seen)
@@ -255,10 +257,8 @@ def timeline_markdown(row: Mapping[str, Any]) -> str:
 
 
 def _parts_note(parts: str) -> str:
-    if not parts:
+    """The ``startup_parts`` column (``process_start=8 ...``) as the serve job's line says it."""
+    if not isinstance(parts, str) or not parts:
         return ""
-    readable = ", ".join(
-        f"{key.replace('_', ' ')} {float(value):.1f} s"
-        for key, value in (item.split("=") for item in parts.split())
-    )
-    return f"the server's start (its log and the serve job): {readable}"
+    seconds = {key: float(value) for key, value in (item.split("=") for item in parts.split())}
+    return f"the server's start (its log and the serve job): {describe_parts(seconds)}"
