@@ -35,5 +35,11 @@ rule all:
         get_final_output(),
 
 
+onstart:
+    # the run's launch, for the report's "where the wall time went" (libero_eval.timeline)
+    record_launch(EVENT_LOG)
+
+
 onsuccess:
+    record_end(EVENT_LOG)
     print_summary()

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from libero_eval import package_data
 from libero_eval.config import RunSettings
@@ -28,7 +29,9 @@ from libero_eval.policy.capacity import (
     closed_loop_seconds_per_batch,
     measure_capacity,
     synthetic_observation,
+    warm_graphs,
 )
+from libero_eval.policy.families.pi05.run_config import pi05_graph_batches
 from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 from libero_eval.service import capacity_of, read_service_file
@@ -196,6 +199,19 @@ def test_the_serve_job_keeps_the_capacity_in_the_service_file_to_the_end(tmp_pat
         line,
     )
     assert lines.index(line) < next(i for i, x in enumerate(lines) if "server ready" in x)
+    # the start's steps in order, and the probe's part of it (docs/reporting.md)
+    steps = ready["timeline"]
+    assert steps["launch"] <= steps["healthy"] <= steps["probe_done"] <= steps["ready"]
+    assert stopped["timeline"] == steps
+    assert set(ready["startup_parts"]) == {"probe"}  # the reference server logs no parts
+    assert ready["startup_parts"]["probe"] <= steps["probe_done"] - steps["healthy"] + 0.05
+    start = next(x for x in lines if "server start:" in x)
+    assert re.search(
+        r"server start: \d+\.\d s to ready "
+        r"\(\d+\.\d s to healthy\): capacity probe",
+        start,
+    )
+    assert lines.index(line) < lines.index(start)
 
 
 def test_a_failing_probe_leaves_the_capacity_out_and_the_server_serves(tmp_path, default_config):
@@ -255,3 +271,81 @@ def test_a_merging_server_is_probed_by_a_closed_loop_of_two_batches_of_requester
             assert sent == [f"capacity-b3-{run}-{requester}-{r}" for r in range(CLOSED_LOOP_ROUNDS)]
     assert len(merged) == 3 * requesters * CLOSED_LOOP_ROUNDS
     assert log.count("close") == requesters  # the batch-1 connection is one of them
+
+
+def test_the_graph_warmup_sends_each_size_behind_a_lone_request_largest_first():
+    log: list[str] = []
+    warmed = warm_graphs(
+        lambda: FakeConnection(log, per_request=1),
+        EchoAdapter(),
+        synthetic_observation(16),
+        batches=[2, 1, 3],
+        lead_s=0.0,
+    )
+    sent = [x for x in log if x != "close"]
+    for size in (3, 2, 1):  # one request the server starts alone, then `size` together
+        ours = [x for x in sent if x.startswith(f"graphs-r0-b{size}")]
+        assert sorted(ours) == sorted(
+            [f"graphs-r0-b{size}-lead-0", *(f"graphs-r0-b{size}-{i}" for i in range(1, size + 1))]
+        )
+    # the sizes go largest first: a size's requests all come back before the next size leaves
+    firsts = [next(i for i, x in enumerate(sent) if f"-b{size}" in x) for size in (3, 2, 1)]
+    assert firsts == sorted(firsts)
+    assert log.count("close") == 4  # one connection per request of the largest size, + 1
+    assert (warmed["batches"], warmed["sent"], warmed["captured"]) == ([1, 2, 3], 9, None)
+
+
+def test_a_size_the_server_split_is_sent_again_while_its_log_misses_it():
+    log: list[str] = []
+    # the serve log after each round: the first round's 3 came back as a batch of 2 and 1
+    logged = iter([[1, 2], [1, 2, 3], [1, 2, 3]])
+    warmed = warm_graphs(
+        lambda: FakeConnection(log, per_request=1),
+        EchoAdapter(),
+        synthetic_observation(16),
+        batches=[1, 2, 3],
+        captured=lambda: next(logged),
+        lead_s=0.0,
+    )
+    rounds = {x.split("-")[1] for x in log if x.startswith("graphs-")}
+    assert rounds == {"r0", "r1"}
+    assert {x.split("-")[2] for x in log if x.startswith("graphs-r1-")} == {"b3"}
+    assert (warmed["sent"], warmed["captured"]) == (9 + 4, [1, 2, 3])
+
+
+def test_after_a_graph_warmup_the_probe_makes_no_untimed_calls(default_config):
+    run = run_settings(default_config, family="pi05", max_batch=2)
+    probe = dataclasses.replace(run.capacity_probe, privileged_state=False, graph_batches=(1, 2))
+    server = ReferenceServerSettings(
+        action_stats_path=COSMOS3_STATS,
+        policy="hold",
+        family="pi05",
+        norm_stats_path=PI05_STATS,
+        max_batch_size=2,
+        latency_fixed_s=FIXED,
+        latency_per_item_s=PER_ITEM,
+    )
+    with serve_in_thread(server) as url:
+        entry = probe(url, captured=lambda: [1, 2])
+    assert entry["graph_warmup"]["batches"] == [1, 2] and entry["graph_warmup"]["sent"] == 5
+    check_entry(entry, max_batch=2, requests_at_max=2)
+
+
+@pytest.mark.parametrize(
+    ("server", "expected"),
+    [
+        ({}, tuple(range(1, 17))),  # the shipped π0.5 config: buckets, 32 graphs kept
+        ({"sglang": {"pipeline_config": {}}}, ()),  # exact prompt lengths: per length
+        ({"sglang": {"pipeline_config": {"prompt_token_buckets": [200]}}}, ()),  # 4 kept < 16
+        ({"sglang": {"batching_max_size": 4}}, (1, 2, 3, 4)),
+        ({"backend": "reference"}, ()),  # no CUDA graphs
+    ],
+)
+def test_the_probe_warms_graphs_only_where_sglang_keys_them_by_batch_size(server, expected):
+    config = yaml.safe_load(Path("config/libero_pi05_openpi_sglang.yaml").read_text())
+    sglang = {**config["server"]["sglang"], **server.get("sglang", {})}
+    if "pipeline_config" in server.get("sglang", {}):
+        sglang["pipeline_config"] = server["sglang"]["pipeline_config"]
+    config["server"] = {**config["server"], "backend": server.get("backend", "sglang")}
+    config["server"]["sglang"] = sglang
+    assert pi05_graph_batches(config) == expected

@@ -747,10 +747,13 @@ def test_launch_serves_until_sigterm_then_tears_everything_down(tmp_path):
 
         lines = event_log.read_text().splitlines()
         stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[serve slot=2\] "
-        assert len(lines) == 2
+        assert len(lines) == 3
         assert re.fullmatch(stamp + r"server launch: .*/fake_sglang/sglang serve .*", lines[0])
+        # the fake logs none of SGLang's start lines: no parts, only the serve job's times
+        started = r"server start: \d+\.\d s to ready \(\d+\.\d s to healthy\)"
+        assert re.fullmatch(stamp + started, lines[1])
         assert re.fullmatch(
-            stamp + re.escape(f"server ready: {info['url']} (") + r"\d+\.\d s\)", lines[1]
+            stamp + re.escape(f"server ready: {info['url']} (") + r"\d+\.\d s\)", lines[2]
         )
 
         launcher.send_signal(signal.SIGTERM)

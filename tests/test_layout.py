@@ -43,6 +43,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "efficiency",
             "efficiency_inputs",
             "server_pace",
+            "timeline",
             "leaderboard",
             "robustness",
             "selftest",

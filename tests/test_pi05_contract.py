@@ -14,6 +14,7 @@ from test_pi05_adapter import REPO_ROOT, STATS, adapter, observation
 
 import libero_eval.policy.families.pi05.openpi_transforms as T
 from libero_eval.policy import codec
+from libero_eval.policy.capacity import PROBE_TASK, synthetic_observation
 from libero_eval.policy.families import make_adapter
 from libero_eval.policy.http_connection import (
     HttpConnection,
@@ -55,6 +56,16 @@ def check_model_input(parsed: dict, obs, a) -> None:
             tensor = np.frombuffer(image["values"], dtype=np.float32).reshape(3, 224, 224)
             expected = ours[key].transpose(2, 0, 1).astype(np.float32) / 255.0 * 2.0 - 1.0
             np.testing.assert_allclose(tensor, expected, atol=1e-6)
+
+
+def test_what_the_serve_job_sends_before_ready_passes_sglangs_pi05_handling(sglang_side):
+    """The capacity probe's requests, and its graph warm-up's (`policy.capacity`): the
+    synthetic observation with a LIBERO task's sentence."""
+    obs, a = synthetic_observation(256), adapter()
+    body, content_type = encoded(a.build_request([obs], "graphs-r0-b16-3"), "msgpack")
+    parsed = sglang_side.call("pi05_parse", body=body, content_type=content_type, route="http")
+    assert parsed["prompt"] == PROBE_TASK
+    check_model_input(parsed, obs, a)
 
 
 @pytest.mark.parametrize("wire", ["msgpack", "json"])

@@ -148,6 +148,16 @@ def test_workflow_runs_libero_episodes_against_real_sglang_serve(
     log = server_log(logs / "serve" / "slot0.log")
     assert "The server is fired up and ready to roll!" in log  # SGLang's warm-up finished
     assert "Batch admission enabled: user_max=2" in log
+    # Its start in parts, from SGLang's own lines (libero_eval.serve.startup), then the probe.
+    parts = service["startup_parts"]
+    assert set(parts) == {
+        *("process_start", "workers_start", "weights", "http_start", "warmup", "health"),
+        "probe",
+    }
+    steps = service["timeline"]
+    assert steps["launch"] < steps["healthy"] <= steps["probe_done"] <= steps["ready"]
+    known = sum(v for k, v in parts.items() if k != "probe")  # each to about a second
+    assert abs(known - (steps["healthy"] - steps["launch"])) < 1.0
     events = (logs / "eval_embodiment.log").read_text()
     assert events.index("server launch") < events.index("server ready") < events.index("task_id=")
 

@@ -145,3 +145,35 @@ def test_sglang_rejects_the_bad_fixture_requests_with_the_same_message(sglang_si
     fixture = load(path)
     with pytest.raises(ValueError, match=re.escape(fixture["body"]["detail"])):
         sglang_parse(sglang_side, fixture["request"])
+
+
+def sglang_server_of(config: dict, extra_args: list[str]) -> list[str]:
+    """The serve command of slot 0 of ``config`` served by SGLang with ``extra_args``."""
+    from libero_eval.config import server_settings
+    from libero_eval.serve.command import build_command
+
+    config = {**config, "server": {**config["server"], "backend": "sglang"}}
+    config["server"]["sglang"] = {
+        **config["server"]["sglang"],
+        "model_path": "models/cosmos3",
+        "extra_args": extra_args,
+    }
+    return build_command(server_settings(config, 0))
+
+
+def test_sglangs_own_warmup_runs_the_runs_request_shape(sglang_side, default_config):
+    """SGLang warms up at its default 832x480; the serve command asks for the run's shape
+    (policy.cosmos3.size, num_frames), which SGLang's own parser takes."""
+    argv = sglang_server_of(default_config, [])
+    cosmos3 = default_config["policy"]["cosmos3"]
+    assert argv[-4:] == [
+        *("--warmup-resolutions", cosmos3["size"]),
+        *("--warmup-num-frames", str(cosmos3["num_frames"])),
+    ]
+    seen = sglang_side.call("serve_args", argv=argv[2:])
+    assert seen["unknown"] == [] and seen["diffusion_backend"]
+    assert seen["parsed"]["warmup_resolutions"] == ["320x192"]
+    assert seen["parsed"]["warmup_num_frames"] == 17
+    # a warm-up the user set in server.sglang.extra_args is theirs
+    argv = sglang_server_of(default_config, ["--warmup-mode", "off"])
+    assert argv[-2:] == ["--warmup-mode", "off"] and "--warmup-resolutions" not in argv

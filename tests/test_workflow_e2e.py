@@ -124,6 +124,11 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do_and_bad_records_rerun(wor
     assert "| libero_spatial | (suite)" in first.stdout
     per_task = pd.read_csv(results / "summary" / "per_task.csv")
     assert per_task["num_trajectories"].tolist() == [2, 2]
+    # ... and where the wall time went, from the workflow's launch (its onstart line)
+    assert "#### Where the wall time went (from the workflow launch)" in summary
+    timeline = pd.read_csv(results / "summary" / "efficiency.csv").iloc[0]
+    assert 0 < timeline["start_to_ready_s"] < timeline["first_request_s"] < timeline["wall_s"]
+    assert timeline["wall_over_bound"] > 0
 
     # Milestones in the seed's order.
     log = (workdir / "logs" / run_id / "eval_embodiment.log").read_text()

@@ -388,6 +388,12 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
     reference["action_stats_path"] = str(package_data.resolve(reference["action_stats_path"]))
     if family.reference_settings is not None:
         reference = family.reference_settings(config, reference)
+    sglang = dict(server["sglang"])
+    extra = [str(arg) for arg in sglang.get("extra_args") or []]
+    warmup = family.sglang_warmup if server["backend"] == "sglang" else None
+    if warmup is not None and not any(arg.startswith("--warmup") for arg in extra):
+        # SGLang's own warm-up at the run's request shape (the family says which)
+        sglang["extra_args"] = [*extra, *warmup(config)]
     own = None
     if family.server is not None:  # server.backend family: the family's own server
         own = {"command": list(family.server.command), "health_path": family.server.health_path}
@@ -405,7 +411,7 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
             "cpu_threads": server["cpu_threads"],
             "gpu_id": gpu_id,
             "reference": reference,
-            "sglang": dict(server["sglang"]),
+            "sglang": sglang,
             "openpi": dict(server["openpi"]),
             "family": own,
         }
@@ -491,20 +497,24 @@ class RunSettings:
         """How a serve job measures its server at start (`libero_eval.policy.capacity`): the
         family's adapter settings and endpoint, and how many one-observation requests the
         server merges into a batch (SGLang's --batching-max-size, the reference server's
-        max_batch_size; openpi's server computes one at a time)."""
+        max_batch_size; openpi's server computes one at a time), and the batch sizes whose
+        CUDA graphs it captures before the server is ready (the family's ``graph_batches``)."""
         server = self.config["server"]
         merged = {
             "reference": server["reference"]["max_batch_size"],
             "sglang": server["sglang"]["batching_max_size"],
         }.get(server["backend"], 1)
+        family = self.config["policy"]["family"]
+        graph_batches = families.get(family).graph_batches
         return CapacityProbe(
-            family=self.config["policy"]["family"],
+            family=family,
             policy=self.policy,
             merged_batch_size=merged,
             camera_size=self.config["rollout"]["camera_size"],
             privileged_state=sends_privileged_state(self.config),
             timeout_s=self.failures.request_timeout_s,
             family_modules=tuple(self.config["policy"]["family_modules"]),
+            graph_batches=tuple(graph_batches(self.config)) if graph_batches else (),
         )
 
     def render_plan(self, slot: int) -> RenderPlan:

@@ -15,12 +15,14 @@ three). The server's own pace, its seconds per full batch in the run, comes from
 `slot_efficiency` computes the figures of one slot, `diagnose` turns them into a warning
 with its likely cause and the setting to change, and `write_efficiency` is the aggregate
 step's part: `summary/efficiency.csv`, the "Efficiency" section of `summary/summary.md` and
-one event-log line per slot.
+one event-log line per slot. Each slot's row also says where the run's wall time went, from
+the workflow's launch to the aggregate step, against its server's bound (`libero_eval.timeline`).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,12 +34,16 @@ import pandas as pd
 from libero_eval.efficiency_inputs import (
     Capacity,
     ServeLog,
+    ServiceTimeline,
     read_capacity,
     read_dispatch_log,
     read_serve_log,
+    read_service_timeline,
 )
 from libero_eval.eventlog import log_event
 from libero_eval.server_pace import full_batch_seconds, server_batches
+from libero_eval.timeline import COLUMNS as TIMELINE_COLUMNS
+from libero_eval.timeline import launch_time, slot_timeline, timeline_line, timeline_markdown
 
 # A slot below this fraction of its server's capacity gets a warning.
 LOW_FRACTION = 0.8
@@ -90,6 +96,7 @@ COLUMNS = (
     "probe_full_batch_s",
     "cause",
     "warning",
+    *TIMELINE_COLUMNS,  # where the wall time went (libero_eval.timeline)
 )
 
 
@@ -332,13 +339,22 @@ def efficiency_table(
     logs: Sequence[Mapping[str, Any]],
     capacities: Mapping[int, Capacity | None],
     served: Mapping[int, ServeLog | None] | None = None,
+    timelines: Mapping[int, ServiceTimeline | None] | None = None,
+    launch: float | None = None,
+    aggregate: float = math.nan,
 ) -> pd.DataFrame:
-    """One row per slot (`COLUMNS`), its shards' logs merged, sorted by slot."""
+    """One row per slot (`COLUMNS`), its shards' logs merged, sorted by slot; with its
+    server's timeline (`timelines`), the workflow's ``launch`` and the ``aggregate`` step's
+    time (epochs), where its wall time went (`libero_eval.timeline`)."""
     by_slot: dict[int, list[Mapping[str, Any]]] = {}
     for log in logs:
         by_slot.setdefault(int(log["slot"]), []).append(log)
-    served = served or {}
-    rows = [slot_efficiency(by_slot[s], capacities.get(s), served.get(s)) for s in sorted(by_slot)]
+    served, timelines = served or {}, timelines or {}
+    rows = []
+    for s in sorted(by_slot):
+        row = slot_efficiency(by_slot[s], capacities.get(s), served.get(s))
+        figures = (row["observations"], row["capacity_obs_per_s"])
+        rows.append(row | slot_timeline(by_slot[s], timelines.get(s), launch, aggregate, *figures))
     return pd.DataFrame(rows, columns=list(COLUMNS))
 
 
@@ -445,6 +461,7 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
         parts.extend(f"| {name} | {value} |\n" for name, value in figures)
         if row["warning"]:
             parts.append(f"\n**Warning:** {row['warning']}\n")
+        parts.append(timeline_markdown(row))
     return "".join(parts)
 
 
@@ -462,13 +479,19 @@ def write_efficiency(
     """Read the dispatch logs, each slot's capacity (`service_files`: slot -> its service
     file, which may be gone) and its serve log's CUDA-graph and batch lines (`serve_logs`),
     write the CSV, append the "Efficiency" section to the summary Markdown and log a line per
-    slot (plus its warning)."""
+    slot (plus its warning, and where its wall time went: the event log's "workflow launch"
+    to now, `libero_eval.timeline`)."""
     logs = [read_dispatch_log(p) for p in dispatch_paths]
     slots = {int(log["slot"]) for log in logs}
     capacities = {s: read_capacity(service_files[s]) if s in service_files else None for s in slots}
+    timelines = {
+        s: read_service_timeline(service_files[s]) if s in service_files else None for s in slots
+    }
     serve_logs = serve_logs or {}
     served = {s: read_serve_log(serve_logs[s]) if s in serve_logs else None for s in slots}
-    table = efficiency_table(logs, capacities, served)
+    table = efficiency_table(
+        logs, capacities, served, timelines, launch_time(event_log), aggregate=time.time()
+    )
     table.to_csv(csv_path, index=False)
     if markdown_path is not None:
         with open(markdown_path, "a") as handle:
@@ -477,4 +500,6 @@ def write_efficiency(
         log_event(event_log, "aggregate", efficiency_line(row))
         if row["warning"]:
             log_event(event_log, "aggregate", f"WARNING: {row['warning']}")
+        if row["requests"] and row["timeline_origin"]:
+            log_event(event_log, "aggregate", timeline_line(row))
     return table

@@ -79,6 +79,46 @@ class ServeLog:
     batches: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class ServiceTimeline:
+    """When a slot's server started and was ready (epoch seconds, None where unknown), and
+    its start's parts in seconds: the service file's "timeline" and "startup_parts"
+    (`libero_eval.serve.job`)."""
+
+    launch: float | None
+    ready: float | None
+    startup_parts: dict[str, float]
+
+
+def read_service_timeline(service_file: Path | str) -> ServiceTimeline | None:
+    """The server's timeline from a slot's service file; None when the file is gone or was
+    written by an older serve job (no "timeline")."""
+    path = Path(service_file)
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text())
+        timeline = info.get("timeline")
+    except (json.JSONDecodeError, AttributeError) as exc:
+        raise EfficiencyInputError(
+            f"{path}: not a service file ({exc}); delete it, the serve job rewrites it"
+        ) from None
+    if timeline is None:
+        return None
+    try:
+        parts = {str(k): float(v) for k, v in (info.get("startup_parts") or {}).items()}
+        launch, ready = (
+            None if timeline.get(key) is None else float(timeline[key])
+            for key in ("launch", "ready")
+        )
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise EfficiencyInputError(
+            f"{path}: its timeline needs epoch seconds and its startup_parts seconds "
+            f"({exc!r}); delete the file, the serve job rewrites it"
+        ) from None
+    return ServiceTimeline(launch, ready, parts)
+
+
 def read_dispatch_log(path: Path | str) -> dict[str, Any]:
     """One shard's dispatch log, checked: every key present, `requests` well formed."""
     path = Path(path)

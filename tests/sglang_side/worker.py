@@ -305,7 +305,12 @@ def serve_args(argv: list[str]) -> dict[str, Any]:
     return {
         "diffusion_backend": detection == ServeBackendDetection.MATCH,
         "unknown": unknown,
-        "parsed": {k: v for k, v in vars(parsed).items() if isinstance(v, str | int | float)},
+        "parsed": {
+            k: v
+            for k, v in vars(parsed).items()
+            if isinstance(v, str | int | float)
+            or (isinstance(v, list) and all(isinstance(x, str | int) for x in v))
+        },
         "pipeline_config": classes[0].__name__ if classes else None,
     }
 

@@ -9,9 +9,20 @@
 # Phases, in the order given:
 #   ckpt-cosmos3 | ckpt-pi05 | ckpt-pi05lr   build the true-size random checkpoint on the GPU
 #                                     (pi05: the openpi lineage; pi05lr: the LeRobot lineage)
-#   wf-FAMILY:ENVS                    snakemake --cores 40 with ENVS envs on one slot (GPU 0);
-#                                     SLOTS=N: N slots of ENVS envs, on GPUs 0..N-1 (all on
-#                                     GPU 0 where the node has fewer)
+#   wf-FAMILY:ENVS[@TASKS:TRIALS]     snakemake --cores 40 with ENVS envs on one slot (GPU 0);
+#                                     ENVS "cfg": the config's rollout.total_num_envs (the run
+#                                     picks); @TASKS:TRIALS: this phase's plan (else PLAN), the
+#                                     run named ..._n<episodes>; SLOTS=N: N slots of ENVS envs,
+#                                     on GPUs 0..N-1 (all on GPU 0 where the node has fewer).
+#                                     Prints the run's timeline: launch -> server ready -> envs
+#                                     ready -> first request -> last answer -> shard end ->
+#                                     aggregate -> report, its bound (the server's start to
+#                                     ready + observations / the probe's closed loop) and ratio
+#   table                             issue 39's table of every wf-* run on this machine so
+#                                     far (benchmarks/workflow_run.py --done): the bound's rate
+#                                     from a bench-* of the run's family on this machine
+#                                     ($R/bench_FAMILY.json, its --saturate loop), else the
+#                                     run's capacity probe
 #   bench-FAMILY                      benchmarks/sglang_server.py: load, latency vs batch,
 #                                     memory, teardown through the project's launcher; BENCH_BMS,
 #                                     BATCHES, REPS, PIPE, DELAY, LOAD (render:N or physics:N
@@ -164,7 +175,7 @@ spy_report() {  # NAME PID: wait for spy_on, then say what it got
   say "[$1] py-spy: $(ls $R/pyspy_$1_*.txt 2>/dev/null | wc -l) profiles; $(cat $R/pyspy_$1_*.log 2>/dev/null | grep -iE 'error|denied|permission' | sort -u | head -3 | tr '\n' ' ')"
 }
 
-workflow() {  # family envs
+workflow() {  # family envs [plan]
   # The overlay sets only the random checkpoint, the attention backend, the slots, the env
   # count, the plan and max_steps: the shipped config's server and rollout defaults stay.
   # PLAN=TASKS:TRIALS (TASKS "all" or "0,1"; default all:ceil(envs/5)), MAX_STEPS (default
@@ -173,12 +184,13 @@ workflow() {  # family envs
   # (server.sglang.batching_delay_ms), OVERLAY (one more overlay, as YAML text), TAG (run
   # name suffix). CONFIG overrides the family's shipped config.
   local family=$1 envs=$2 dir
-  local run="h200_$1_e$2${SLOTS:+_s$SLOTS}${TAG:+_$TAG}"
+  local plan=${3:-${PLAN:-all:$(( (2 * ${envs/cfg/16} + 9) / 10 ))}}
+  local tasks=${plan%%:*} trials=${plan##*:}
+  local count=$(( $( [ "$tasks" = all ] && echo 10 || echo $(( $(tr -cd , <<< "$tasks" | wc -c) + 1 )) ) * trials ))
+  local run="h200_$1_e$2${3:+_n$count}${SLOTS:+_s$SLOTS}${TAG:+_$TAG}"
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
   local max_steps=64; [ "$family" != cosmos3 ] && max_steps=60
   max_steps=${MAX_STEPS:-$max_steps}
-  local plan=${PLAN:-all:$(( (2 * envs + 9) / 10 ))}
-  local tasks=${plan%%:*} trials=${plan##*:}
   [ "$tasks" = all ] || tasks="[$tasks]"
   local sglang_cmd="$L/bin/sglang" pin_envs=() server_cpus="" env_cpus=""
   if [ -n "${PIN:-}" ]; then  # N: the server on N whole cores, snakemake and the envs on the rest
@@ -202,7 +214,7 @@ server:
     model_path: $dir
     attention_backend: torch_sdpa
 rollout:
-  total_num_envs: $(( envs * slots ))
+$([ "$envs" = cfg ] || echo "  total_num_envs: $(( envs * slots ))")
   max_steps: $max_steps
   render_device: slot_gpu
 EOF
@@ -233,12 +245,29 @@ EOF
   python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --summary
   mkdir -p "$R/$run"
   cp -r results/$run/summary results/$run/shards results/$run/servers logs/$run "$R/$run/" 2>/dev/null
-  grep -hE "server (launch|ready|stopped)|capacity|efficiency|summary" logs/$run/*.log 2>/dev/null | cut -c1-300
+  grep -hE "workflow (launch|end)|server (launch|start|ready|stopped)|capacity|efficiency|summary|envs ready|first request|shard end|timeline|launch → report" logs/$run/*.log 2>/dev/null | cut -c1-400
   grep -hE "memory config|Captured VLA|graph capacity reached" logs/$run/serve/*.log 2>/dev/null | cut -c1-160
   echo "server batches (requests/max: count): $(grep -ohE 'batch (sequentially: |of )[0-9]+/[0-9]+' logs/$run/serve/*.log 2>/dev/null | grep -oE '[0-9]+/[0-9]+' | sort | uniq -c | sort -rn | awk '{printf "%s:%s ", $2, $1}')"
   python3 benchmarks/workflow_run.py "$R/$run" 2>&1 | tail -12
+  python3 benchmarks/workflow_run.py "$R/$run" --done $(bench_rates) 2>&1 | tail -3
   tail -3 "$R/snakemake_$run.log"
   pack
+}
+
+bench_rates() {  # --bench PREFIX=JSON for each family benched on this machine (its closed loop)
+  local f
+  for f in cosmos3 pi05 pi05lr; do
+    [ -f "$R/bench_$f.json" ] && printf -- '--bench h200_%s_=%s ' "$f" "$R/bench_$f.json"
+  done
+}
+
+table() {  # issue 39's table: every wf-* run on this machine so far
+  local runs
+  runs=$(ls -d "$R"/h200_*/ 2>/dev/null | sed 's#/$##')
+  [ -n "$runs" ] || { say "[table] no wf-* runs yet"; return; }
+  say "[table] launch -> report against the bound (server start -> ready + observations / closed loop)"
+  # shellcheck disable=SC2046,SC2086
+  python3 benchmarks/workflow_run.py $runs --done $(bench_rates) 2>&1 | tail -20
 }
 
 beside_args() {  # SECONDS ENV_CPUS: BESIDE_ARGS, a --beside per BESIDE load (KIND:N[@CPUS]:
@@ -330,12 +359,14 @@ for phase in "$@"; do
     probe-render:*) need=60 ;;
     sweep-*) need=${NEED:-300} ;;
     cpu-probe) need=40 ;;
+    table) need=5 ;;
     *) say "unknown phase $phase"; continue ;;
   esac
   if [ "$(left)" -lt "$need" ]; then say "SKIP $phase: $(left) s left, needs about $need"; continue; fi
   case $phase in
     ckpt-*) t=$(date +%s); ckpt "${phase#ckpt-}"; say "$phase: $(cat "$R/ckpt_${phase#ckpt-}.json" 2>/dev/null | tr -d '\n' | cut -c1-500) ($(( $(date +%s) - t )) s)" ;;
-    wf-*) f=${phase#wf-}; workflow "${f%%:*}" "${f##*:}" ;;
+    wf-*) f=${phase#wf-}; p=""; [[ $f == *@* ]] && p=${f#*@} && f=${f%%@*}; workflow "${f%%:*}" "${f##*:}" $p ;;
+    table) table ;;
     bench-*) bench "${phase#bench-}" ;;
     probe-render:*) probe "${phase#probe-render:}" ;;
     sweep-*) sweep "${phase#sweep-}" ;;

@@ -88,6 +88,8 @@ rule report_efficiency:
         f"logs/{RUN}/report_efficiency.log",
     conda:
         "../envs/libero_eval.yaml"
+    params:
+        event_log=EVENT_LOG,
     script:
         "../scripts/report_efficiency.py"
 

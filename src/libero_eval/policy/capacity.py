@@ -26,15 +26,30 @@ after another: measured on an H200, 16 + 12 + 4); ``seconds`` is ``observations`
 of the requesters' rates. (The probe before it sent three batches' worth at once, and read
 0.30-0.33 s a batch of 16 on H200s where the closed loop gave 0.24 s.)
 
-The requests are synthetic: grey camera frames of the run's size, a robot at rest, and (when
-the run sends privileged state, for the reference server's scripted expert) a scene with
-nothing to do. Their actions are discarded.
+The requests are synthetic: grey camera frames of the run's size, a robot at rest, a LIBERO
+task's sentence, and (when the run sends privileged state, for the reference server's scripted
+expert) a scene with nothing to do. Their actions are discarded.
+
+**CUDA graphs before ready.** SGLang's π0.5 pipeline captures a CUDA graph of its denoising
+step the first time a batch of a new size (and prompt length) comes
+(`sglang/multimodal_gen/runtime/vla/cuda_graph.py` ``VLADenoiseGraphRunner.capture_or_run``,
+keyed by ``VLADenoiseGraphSignature``: batch size, prefix length, ...); nothing in its
+pipeline config captures them up front (``Pi05PipelineConfig``: only capacities and prompt
+buckets). Each capture stalls the batch that meets it, about half a second on an H200. With
+``graph_batches`` (the family's, `Family.graph_batches`: where the prompts are padded to
+buckets, a graph per batch size) the probe first sends each of those merged batch sizes once
+(:func:`warm_graphs`): a request the server starts alone, and while it computes, ``k``
+requests together, which SGLang's scheduler takes as one batch of ``k``
+(`runtime/managers/scheduler.py` ``get_next_batch_to_run``: the queue's compatible requests,
+up to ``--batching-max-size``). A size whose batch the server split is sent again in the
+next round, while the serve log (``captured``) says it is missing. The timed probes then
+need no untimed call of their own: the graphs, and the kernels behind them, are warm.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, fields
 from typing import Any
@@ -46,11 +61,16 @@ from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.connection import PolicyConnection, connect, policy_connection_spec
 from libero_eval.policy.families import make_adapter
 
-WARMUP_CALLS = 1
+WARMUP_CALLS = 1  # untimed calls before the timed ones (none after a graph warm-up)
 TIMED_CALLS = 2
 CLOSED_LOOP_BATCHES = 2  # a merging server's closed loop: batches' worth of requesters
 CLOSED_LOOP_ROUNDS = 4  # requests each requester sends, one after another
-PROBE_TASK = "capacity probe: hold still"
+# a LIBERO task's own sentence (libero_spatial task 0): its prompt has the length of a run's,
+# so it lands in the run's prompt bucket (SGLang π0.5's prompt_token_buckets)
+PROBE_TASK = "pick up the black bowl between the plate and the ramekin and place it on the plate"
+GRAPH_ROUNDS = 3  # rounds of the graph warm-up: a size the server split is sent again
+# the pause between the request the server starts alone and the batch that queues behind it
+GRAPH_LEAD_S = 0.02
 
 
 def synthetic_observation(camera_size: int, privileged_state: bool = False) -> Observation:
@@ -148,6 +168,64 @@ def measure_capacity(
     return {"max_batch_size": plan[-1][0], "probes": probes, "obs_per_s": round(best, 2)}
 
 
+def warm_graphs(
+    connect_once: Callable[[], PolicyConnection],
+    adapter: PolicyAdapter,
+    observation: Observation,
+    batches: Sequence[int],
+    captured: Callable[[], Sequence[int]] | None = None,
+    *,
+    rounds: int = GRAPH_ROUNDS,
+    lead_s: float = GRAPH_LEAD_S,
+    clock: Callable[[], float] = time.perf_counter,
+) -> dict[str, Any]:
+    """Send each merged batch size of ``batches`` once, largest first, so that the server
+    captures its CUDA graph before the run needs it (module doc). For a size ``k``: one
+    request, then ``lead_s`` later ``k`` requests together, each on its own connection.
+
+    ``captured()`` (the server's log: the batch sizes it has captured graphs for) decides
+    what a next round sends again, up to ``rounds`` rounds; without it one round is sent.
+    Returns ``{"batches": the sizes asked for, "sent": requests sent, "captured": the sizes
+    captured (None without ``captured``), "seconds": its wall time}``. Raises whatever a
+    failed request raises."""
+    wanted = sorted({int(k) for k in batches if int(k) >= 1}, reverse=True)
+    started = clock()
+    connections = [connect_once() for _ in range(max(wanted, default=0) + 1)]
+    sent = 0
+
+    def ask(index: int, tag: str) -> None:
+        payload = adapter.build_request([observation], request_id=f"graphs-{tag}-{index}")
+        adapter.parse_response(connections[index].infer(payload), 1)
+
+    try:
+        missing = wanted
+        for round_ in range(rounds if captured is not None else 1):
+            for size in missing:
+                with ThreadPoolExecutor(max_workers=size + 1) as pool:
+                    alone = pool.submit(ask, 0, f"r{round_}-b{size}-lead")
+                    time.sleep(lead_s)  # the lone request reaches the idle server first
+                    tag = f"r{round_}-b{size}"
+                    together = [pool.submit(ask, i, tag) for i in range(1, size + 1)]
+                    for future in [alone, *together]:
+                        future.result()
+                sent += size + 1
+            if captured is None:
+                break
+            have = set(captured())
+            missing = [k for k in wanted if k not in have]
+            if not missing:
+                break
+    finally:
+        for connection in connections:
+            connection.close()
+    return {
+        "batches": sorted(wanted),
+        "sent": sent,
+        "captured": sorted(set(captured())) if captured is not None else None,
+        "seconds": round(clock() - started, 2),
+    }
+
+
 def closed_loop_seconds_per_batch(answered: list[list[float]], batch: int) -> float:
     """Seconds per batch of `batch` observations of a merging server in a closed loop, from the
     times each requester's answers came back (one list per requester). Each requester's cycle
@@ -169,9 +247,11 @@ class CapacityProbe:
     """What measuring a slot's server needs, as plain data (it crosses to the serve job as
     JSON): the policy family and its settings (``policy.<family>``, from which the adapter and
     the endpoint are built), the merge limit of one-observation requests, the camera size,
-    whether requests carry privileged state, the client's timeout, and the modules that
-    register a family of the config's own (``policy.family_modules``). Called with the
-    server's URL it returns the capacity entry."""
+    whether requests carry privileged state, the client's timeout, the modules that register
+    a family of the config's own (``policy.family_modules``) and the merged batch sizes whose
+    CUDA graphs to capture first (``graph_batches``, :func:`warm_graphs`; empty: none).
+    Called with the server's URL it returns the capacity entry, with ``"graph_warmup"`` (what
+    :func:`warm_graphs` returned) where it warmed graphs."""
 
     family: str
     policy: Mapping[str, Any]
@@ -180,22 +260,38 @@ class CapacityProbe:
     privileged_state: bool
     timeout_s: float
     family_modules: tuple[str, ...]  # policy.family_modules: where the family is
+    graph_batches: tuple[int, ...] = ()  # Family.graph_batches: sizes to capture graphs of
 
-    def __call__(self, url: str) -> dict[str, Any]:
+    def __call__(
+        self, url: str, captured: Callable[[], Sequence[int]] | None = None
+    ) -> dict[str, Any]:
+        """The capacity entry of the server at ``url``; ``captured()``: the batch sizes whose
+        graphs its log says it captured (the serve job reads the serve log), or None."""
         families.load_modules(list(self.family_modules))
         adapter = make_adapter(self.family, dict(self.policy))
         spec = policy_connection_spec(url, self.family, dict(self.policy))
-        return measure_capacity(
-            lambda: connect(spec, timeout_s=self.timeout_s, max_retries=0),
+        observation = synthetic_observation(self.camera_size, self.privileged_state)
+
+        def connect_once() -> PolicyConnection:
+            return connect(spec, timeout_s=self.timeout_s, max_retries=0)
+
+        warmed = None
+        if self.graph_batches:
+            warmed = warm_graphs(connect_once, adapter, observation, self.graph_batches, captured)
+        entry = measure_capacity(
+            connect_once,
             adapter,
-            synthetic_observation(self.camera_size, self.privileged_state),
+            observation,
             self.merged_batch_size,
+            warmup=0 if warmed else WARMUP_CALLS,  # the graph warm-up ran every size already
         )
+        return entry | {"graph_warmup": warmed} if warmed else entry
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {
             "policy": dict(self.policy),
             "family_modules": list(self.family_modules),
+            "graph_batches": list(self.graph_batches),
         }
 
     @classmethod
@@ -204,4 +300,10 @@ class CapacityProbe:
         names = {f.name for f in fields(cls)}
         if not isinstance(data, Mapping) or set(data) != names:
             raise ValueError(f"a capacity probe needs exactly the fields {sorted(names)}: {data!r}")
-        return cls(**{**data, "family_modules": tuple(data["family_modules"])})
+        return cls(
+            **{
+                **data,
+                "family_modules": tuple(data["family_modules"]),
+                "graph_batches": tuple(int(k) for k in data["graph_batches"]),
+            }
+        )

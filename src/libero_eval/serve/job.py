@@ -12,7 +12,16 @@ With ``--capacity-probe '<json>'`` (`libero_eval.policy.capacity.CapacityProbe`,
 this layer by `libero_eval.config.RunSettings.capacity_probe`) the job measures the healthy
 server's own capacity before it announces it ready, and keeps the result in the service file
 under "capacity" (through every later status) and as one line of the event log. A probe that
-fails is a warning; the entry is then left out and the server still serves.
+fails is a warning; the entry is then left out and the server still serves. Where the family
+names them (`CapacityProbe.graph_batches`) the probe first sends each merged batch size once so
+that the server captures its CUDA graphs before "ready"; the serve log tells it which it has.
+
+The service file also says when the start's steps happened and how long its parts took
+(docs/reporting.md, "Where the wall time went"): "timeline" (epoch seconds: ``launch`` the
+server spawned, ``healthy`` its readiness path first 200, ``probe_done`` the probe finished,
+null without one, ``ready`` "ready" published) and "startup_parts" (seconds: the server's own
+start as its log tells it, `libero_eval.serve.startup`, plus ``cuda_graphs`` and ``probe``);
+the event log gets one "server start" line with them.
 
 Stops on SIGTERM (Snakemake, once every consumer finished), SIGINT, SIGHUP, or the death of
 the parent process; then the server's whole process tree is torn down and the exit code is 0.
@@ -41,6 +50,7 @@ from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.serve.command import ServerHostError, build_command, resolve_port
 from libero_eval.serve.launcher import LaunchAborted, ManagedServer, ServerStartError
 from libero_eval.serve.settings import ServerSettings, ServerSettingsError
+from libero_eval.serve.startup import denoise_graphs_captured, describe_parts, read_startup_parts
 from libero_eval.service import ParentWatch, write_service_file
 
 EXIT_STOPPED = 0
@@ -48,8 +58,9 @@ EXIT_SERVER_FAILED = 1
 EXIT_BAD_SETTINGS = 2
 TRACK_DESCENDANTS_EVERY_S = 5.0
 
-#: a server's URL -> its capacity entry (`libero_eval.policy.capacity`)
-Probe = Callable[[str], dict[str, Any]]
+#: (a server's URL, captured=() -> the graph batch sizes its log shows) -> its capacity entry
+#: (`libero_eval.policy.capacity.CapacityProbe`)
+Probe = Callable[..., dict[str, Any]]
 
 
 class StopRequest:
@@ -137,6 +148,17 @@ def describe_capacity(capacity: dict[str, Any]) -> str:
     return f"capacity: {probes}: {capacity['obs_per_s']:.2f} obs/s"
 
 
+def _ranges(sizes: Sequence[int]) -> str:
+    """``1-4, 6, 9-16`` (sorted, unique)."""
+    runs: list[list[int]] = []
+    for size in sorted(set(sizes)):
+        if runs and size == runs[-1][-1] + 1:
+            runs[-1].append(size)
+        else:
+            runs.append([size])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs) or "none"
+
+
 def load_settings(args: argparse.Namespace) -> ServerSettings:
     """Settings from --settings (JSON text) or --settings-file (JSON or YAML)."""
     data: Any
@@ -196,6 +218,8 @@ class _Slot:
             "launcher_pid": os.getpid(),
             "started_at": _now_iso(),
             "status": "starting",
+            # epoch seconds of the start's steps (module doc); filled in as they happen
+            "timeline": {"launch": None, "healthy": None, "probe_done": None, "ready": None},
         }
 
     def publish(self, status: str, **extra: Any) -> None:
@@ -209,21 +233,48 @@ class _Slot:
         self.events.write(f"server failed: {headline}")
         return EXIT_SERVER_FAILED
 
-    def measure(self) -> None:
+    def measure(self) -> float | None:
         """Run the capacity probe against the healthy server; on success the entry joins the
-        service file's content (published with "ready"), on failure a warning only."""
+        service file's content (published with "ready"), on failure a warning only. Returns
+        the probe's seconds (None without a probe)."""
         if self.probe is None:
-            return
+            return None
         started = time.monotonic()
+        log_path = self.server.log_path
         try:
-            capacity = self.probe(self.server.url)
+            capacity = self.probe(
+                self.server.url, captured=lambda: denoise_graphs_captured(log_path)
+            )
         except Exception as exc:  # noqa: BLE001 - a probe never fails the server
             message = f"capacity probe failed after {time.monotonic() - started:.1f} s: {exc!r}"
             _say(f"warning: {message}", error=True)
             self.events.write(f"warning: {message}")
-            return
+            return time.monotonic() - started
         self.info["capacity"] = capacity
         self.events.write(describe_capacity(capacity))
+        return time.monotonic() - started
+
+    def record_start(self, startup_s: float, probe_s: float | None) -> None:
+        """The start's parts into the service file, and the event log's "server start" line:
+        ``server start: 96.1 s to ready (80.2 s to healthy): process start 8.0 s, ...``."""
+        timeline = self.info["timeline"]
+        parts = read_startup_parts(self.server.log_path, timeline["launch"], timeline["healthy"])
+        warmed = (self.info.get("capacity") or {}).get("graph_warmup") or {}
+        if probe_s is not None:
+            graphs = warmed.get("seconds")
+            if graphs is not None:
+                parts["cuda_graphs"] = round(graphs, 1)
+            parts["probe"] = round(max(0.0, probe_s - (graphs or 0.0)), 1)
+        self.info["startup_parts"] = parts
+        total = (timeline["probe_done"] or timeline["healthy"]) - timeline["launch"]
+        line = f"server start: {total:.1f} s to ready ({startup_s:.1f} s to healthy)"
+        line += f": {describe_parts(parts)}" if parts else ""
+        if warmed.get("captured") is not None:
+            line += (
+                f"; CUDA graphs of batch sizes {_ranges(warmed['captured'])} captured "
+                f"before ready (asked for {_ranges(warmed['batches'])})"
+            )
+        self.events.write(line)
 
     def stopped(self, reason: str) -> int:
         _say(f"stopping: {reason}")
@@ -237,6 +288,8 @@ class _Slot:
     def run(self, stop: StopRequest) -> int:
         server, settings = self.server, self.settings
         self.events.write(f"server launch: {shlex.join(build_command(settings))}")
+        timeline = self.info["timeline"]
+        timeline["launch"] = time.time()
         try:
             server.start(sys.stdout)
         except ServerStartError as exc:
@@ -253,11 +306,17 @@ class _Slot:
             return self.stopped(stop.reason or "stop requested")
         except ServerStartError as exc:
             return self.fail(str(exc), f"{str(exc).splitlines()[0]} (see {server.log_path})")
-        self.measure()  # before "ready": no consumer's request shares the server with it yet
+        timeline["healthy"] = time.time()
+        # before "ready": no consumer's request shares the server with it yet
+        probe_s = self.measure()
+        if probe_s is not None:
+            timeline["probe_done"] = time.time()
         if stop.is_set():
             return self.stopped(stop.reason or "stop requested")
+        self.record_start(startup_s, probe_s)
         # the event line first: whoever sees "ready" in the service file finds it in the log
         self.events.write(f"server ready: {server.url} ({startup_s:.1f} s)")
+        timeline["ready"] = time.time()
         self.publish("ready", ready_at=_now_iso(), startup_s=round(startup_s, 1))
         _say(f"slot {settings.slot}: ready at {server.url} after {startup_s:.1f} s")
         last_tracked = time.monotonic()

@@ -74,6 +74,12 @@ class Family:
     - ``reference_outcome``: ``config -> the reference server's part of the rollout
       fingerprint`` (with ``reference_settings``).
     - ``statistics_field``: the field a bad statistics file is reported under.
+    - ``graph_batches``: ``config -> merged batch sizes`` whose CUDA graphs the run's server
+      keys by batch size alone and keeps, which the capacity probe sends once each before
+      the server is ready (`libero_eval.policy.capacity.warm_graphs`); None or () for none.
+    - ``sglang_warmup``: ``config -> sglang serve arguments`` that make SGLang's own start-up
+      warm-up run the run's request shape (added unless ``server.sglang.extra_args`` sets a
+      ``--warmup-*`` flag itself); None: SGLang's default.
     """
 
     name: str
@@ -89,6 +95,8 @@ class Family:
     reference_settings: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None
     reference_outcome: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     statistics_field: str | None = None
+    graph_batches: Callable[[dict[str, Any]], tuple[int, ...]] | None = None
+    sglang_warmup: Callable[[dict[str, Any]], tuple[str, ...]] | None = None
 
     def __post_init__(self) -> None:
         if self.adapter.family != self.name:

@@ -72,6 +72,25 @@ def reference_outcome(config: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def sglang_warmup(config: dict[str, Any]) -> tuple[str, ...]:
+    """``sglang serve`` arguments that make SGLang's own start-up warm-up request the run's
+    shape: ``policy.cosmos3.size`` and ``num_frames``. Without them SGLang 0.5.23 warms the
+    model's sampling default, 832x480 with 17 frames
+    (``runtime/warmup_request_builder.py`` ``_resolve_default_warmup_resolution``), a shape no
+    LIBERO request has; its ``--warmup-resolutions`` and ``--warmup-num-frames``
+    (``runtime/server_args/server_args.py``) set the shape, and ``sglang serve`` keeps its
+    ``warmup_mode`` "server" (``runtime/entrypoints/cli/serve.py``). Measured on the CPU with
+    the tiny random Cosmos3 (tests/fixtures/serve_logs): the warm-up took 22 s at SGLang's
+    shape, 5 s at 320x192."""
+    cosmos3 = config["policy"]["cosmos3"]
+    return (
+        "--warmup-resolutions",
+        str(cosmos3["size"]),
+        "--warmup-num-frames",
+        str(cosmos3["num_frames"]),
+    )
+
+
 FAMILY = Family(
     name="cosmos3",
     title="Cosmos3",
@@ -83,4 +102,5 @@ FAMILY = Family(
     reference_settings=reference_settings,
     reference_outcome=reference_outcome,
     statistics_field="policy.cosmos3.action_stats_path",
+    sglang_warmup=sglang_warmup,
 )

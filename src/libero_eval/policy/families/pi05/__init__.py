@@ -13,7 +13,11 @@ from typing import Any
 from libero_eval.policy.endpoint import ConnectionSpec
 from libero_eval.policy.families import Family, statistics_sha256
 from libero_eval.policy.families.pi05.adapter import DEFAULTS, Pi05Adapter
-from libero_eval.policy.families.pi05.run_config import pi05_settings, reference_pi05_model
+from libero_eval.policy.families.pi05.run_config import (
+    pi05_graph_batches,
+    pi05_settings,
+    reference_pi05_model,
+)
 
 #: policy.pi05.api -> (channel, websocket path, readiness path)
 API_ENDPOINTS: dict[str, tuple[str, str, str]] = {
@@ -62,4 +66,5 @@ FAMILY = Family(
     reference_settings=reference_settings,
     reference_outcome=reference_outcome,
     statistics_field="policy.pi05",
+    graph_batches=pi05_graph_batches,
 )

@@ -90,6 +90,34 @@ def check_pipeline_config(fields: dict[str, Any], model_path: str) -> None:
             )
 
 
+def pi05_graph_batches(config: dict[str, Any]) -> tuple[int, ...]:
+    """The merged batch sizes whose CUDA graphs a π0.5 run on SGLang uses and SGLang keeps,
+    to be captured before the server is ready (`libero_eval.policy.capacity.warm_graphs`):
+    1 to ``batching_max_size`` where ``pipeline_config.prompt_token_buckets`` pads the
+    prompts and ``action_cuda_graph_max_entries`` holds that many graphs; () otherwise.
+
+    SGLang 0.5.23 keys a denoising graph by batch size and prefix length
+    (``runtime/vla/cuda_graph.py`` ``VLADenoiseGraphSignature``, built in
+    ``runtime/models/vlas/pi05_policy.py`` ``denoise_step``); the prefix length is the images'
+    tokens plus the prompt's, padded to its bucket with buckets (``encode_prefix``,
+    ``runtime/vla/prompt_bucketing.py``), else exact. With exact lengths the probe's prompt
+    would key graphs no run's prompt shares and take their places (SGLang keeps 4 by default:
+    ``Pi05PipelineConfig.action_cuda_graph_max_entries``)."""
+    server = config["server"]
+    if server["backend"] != "sglang":
+        return ()
+    sglang = server["sglang"]
+    fields = sglang.get("pipeline_config") or {}
+    size = int(sglang["batching_max_size"])
+    if (
+        not fields.get("prompt_token_buckets")
+        or fields.get("enable_action_cuda_graph", True) is False
+        or int(fields.get("action_cuda_graph_max_entries", 4)) < size
+    ):
+        return ()
+    return tuple(range(1, size + 1))
+
+
 def pi05_checkpoint(config: dict[str, Any]) -> str | None:
     """The π0.5 checkpoint that decides the request layout: ``policy.pi05.checkpoint``, else
     the SGLang server's model (``server.sglang.model_path``), also when the self-test swaps in
