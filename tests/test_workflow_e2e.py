@@ -1,5 +1,6 @@
 """The whole workflow, end to end: real Snakemake jobs, a real HTTP policy server, real LIBERO."""
 
+import json
 import re
 import subprocess
 import sys
@@ -78,16 +79,23 @@ def workdir(tmp_path) -> Path:
     return workflow_dir(tmp_path / "work")
 
 
+# The demo run's server takes this long to start, as a GPU server loads its weights: far
+# longer than its 2 envs take to come to their first observation on this machine, so the
+# timeline shows them ready before the server.
+SERVER_START_S = 30.0
+
+
 @pytest.fixture
 def short_run(tmp_path):
-    """A 2-task x 2-init-state evaluation with 32-step episodes under its own run id."""
+    """A 2-task x 2-init-state evaluation with 32-step episodes under its own run id, against
+    a server that takes SERVER_START_S to start."""
     run_id = f"pytest_e2e_{tmp_path.name}"
     configfile = tmp_path / "config.yaml"
     configfile.write_text(
         yaml.safe_dump(
             {
                 "run_id": run_id,
-                "server": {"reference": {"policy": "hold"}},
+                "server": {"reference": {"policy": "hold", "startup_delay_s": SERVER_START_S}},
                 "rollout": {"send_privileged_state": False, "max_steps": 32},
             }
         )
@@ -136,6 +144,24 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do(workdir, short_run):
     ]
     assert order == sorted(order)
     assert len(re.findall(r"\[libero eval\] task_id=\d, trial_id=\d, success=False", log)) == 4
+
+    # The envs came up while the server started; the first request waited for both; the shard
+    # ended after its last answer, its workers closed (the dispatch log's timeline, wall clock).
+    dispatch = json.loads((results / "shards" / "shard000.dispatch.json").read_text())
+    timeline = dispatch["timeline"]
+    assert None not in timeline.values(), timeline
+    assert timeline["job_start"] <= timeline["envs_started"] <= timeline["envs_ready"]
+    assert timeline["envs_ready"] <= timeline["service_ready"]  # the server's start is longer
+    assert timeline["service_ready"] <= timeline["first_request"] <= timeline["last_answer"]
+    assert timeline["last_answer"] <= timeline["shard_end"]
+    assert timeline["first_request"] == min(r[0] for r in dispatch["requests"])
+    assert dispatch["envs_choice"]["envs"] == 2 and dispatch["envs_choice"]["setting"] == 2
+    assert dispatch["dispatch_choice"]["merged_dispatch"] is None  # Cosmos3: no merging
+    assert log.index("envs ready: 2 envs in") < log.index("server ready")
+    assert "(before the server was ready)" in log
+    assert log.index("server ready") < log.index("first request ") < log.index("shard end ")
+    serve_log = (workdir / "logs" / run_id / "serve" / "slot0.log").read_text()
+    assert f"start-up delay: {SERVER_START_S:.1f} s (server.reference.startup_delay_s)" in serve_log
     # The server's own capacity stays in its service file after it stopped.
     capacity = capacity_of(results / "servers" / "slot0.json")
     assert capacity is not None and capacity["max_batch_size"] == 8, capacity
@@ -229,7 +255,7 @@ def throughput_runs(tmp_path):
 
 
 def throughput_overlay(
-    path: Path, run_id: str, envs_per_shard: int, reset_mode: str = "fast"
+    path: Path, run_id: str, envs_per_shard: int, reset_mode: str = "fast", **rollout
 ) -> Path:
     """6 episodes (2 tasks x 3 init states) of the scripted expert, cosmos protocol, 150 steps."""
     path.write_text(
@@ -242,6 +268,7 @@ def throughput_overlay(
                     "max_steps": 150,
                     "envs_per_shard": envs_per_shard,
                     "reset_mode": reset_mode,
+                    **rollout,
                 },
             }
         )
@@ -253,12 +280,14 @@ def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuse
     tmp_path, workdir, throughput_runs
 ):
     """The scripted expert on 6 episodes with 1 env per shard and LIBERO's hard reset, and with
-    3 and the fast reset: the same outcomes, steps and seeds per episode. Then the first run
-    again with 3 envs and fast resets reuses every episode."""
+    up to 3 chosen by the shard (total_num_envs auto) and the fast reset: the same outcomes,
+    steps and seeds per episode. Then the first run again with 3 envs and fast resets reuses
+    every episode."""
     defaults = REPO / "config" / "config.yaml"
     frames = []
     for run_id, envs, reset_mode in zip(throughput_runs, (1, 3), ("hard", "fast"), strict=True):
-        overlay = throughput_overlay(tmp_path / f"{run_id}.yaml", run_id, envs, reset_mode)
+        auto = {"total_num_envs": "auto"} if envs > 1 else {}
+        overlay = throughput_overlay(tmp_path / f"{run_id}.yaml", run_id, envs, reset_mode, **auto)
         run = run_workflow(workdir, defaults, str(overlay), cores=4)
         assert run.returncode == 0, run.stderr[-3000:]
         frames.append(
