@@ -48,6 +48,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -205,6 +206,10 @@ def timelines(shards: Path, service_file: Path) -> list[dict[str, Any]]:
     side writes one): the gaps of issue 39's targets, in seconds, and its choices."""
     service = json.loads(service_file.read_text()) if service_file.exists() else {}
     launch = (service.get("timeline") or {}).get("launch")
+    # the serve job's own "ready" (its timeline's, else ready_at, to the second)
+    ready = (service.get("timeline") or {}).get("ready")
+    if ready is None and service.get("ready_at"):
+        ready = datetime.fromisoformat(service["ready_at"]).timestamp()
     rows = []
     for path in sorted(shards.glob("*.dispatch.json")):
         log = json.loads(path.read_text())
@@ -222,6 +227,11 @@ def timelines(shards: Path, service_file: Path) -> list[dict[str, Any]]:
                 "server_ready_after_job_start_s": gap("service_ready", "job_start"),
                 "envs_ready_before_server_s": gap("service_ready", "envs_ready"),
                 "first_request_after_ready_s": gap("first_request", "service_ready"),
+                "first_request_after_serve_ready_s": (
+                    round(t["first_request"] - ready, 2)
+                    if ready is not None and t.get("first_request") is not None
+                    else None
+                ),
                 "serving_s": gap("last_answer", "first_request"),
                 "end_after_last_answer_s": gap("shard_end", "last_answer"),
                 "job_start_after_launch_s": (
@@ -309,7 +319,8 @@ TIMELINE_COLUMNS = (
     ("envs ready after job start s", "envs_ready_after_job_start_s"),
     ("server ready after job start s", "server_ready_after_job_start_s"),
     ("envs ready before the server s", "envs_ready_before_server_s"),
-    ("first request after ready s", "first_request_after_ready_s"),
+    ("first request after the shard saw ready s", "first_request_after_ready_s"),
+    ("first request after the serve job's ready s", "first_request_after_serve_ready_s"),
     ("serving s", "serving_s"),
     ("shard end after last answer s", "end_after_last_answer_s"),
     ("envs kept / started", "envs_kept"),

@@ -169,3 +169,25 @@ def test_in_the_model_as_ready_costs_nothing_where_the_server_is_the_bound():
             ]
             assert results[1].obs_per_s >= 0.99 * results[0].obs_per_s
             assert results[1].obs_per_s > 0.97 * capacity(model, batch)
+
+
+def test_the_renderers_gpu_budget_is_what_the_server_leaves_of_the_gpu():
+    from pathlib import Path
+
+    import yaml
+    from snakemake.utils import validate
+
+    from libero_eval.config import RunSettings
+    from libero_eval.rollout.render_device import RenderPlan
+
+    repo = Path(__file__).resolve().parents[1]
+    config = yaml.safe_load((repo / "config" / "config.yaml").read_text())
+    validate(config, str(repo / "src" / "libero_eval" / "data" / "schema.yaml"))
+    h200 = RenderPlan("GPU 0", {}, 143_771)  # MiB, as nvidia-smi reports one H200
+    settings = RunSettings(config)
+    assert settings.render_gpu_budget_mib(h200) == int(143_771 * auto.RENDER_GPU_SHARE)
+    assert settings.render_gpu_budget_mib(h200) // auto.EGL_MIB_PER_ENV == 36
+    assert settings.render_gpu_budget_mib(RenderPlan("CPU", {})) is None
+    config["server"]["backend"] = "sglang"
+    config["server"]["sglang"]["gpu_memory_cap_gib"] = 120
+    assert RunSettings(config).render_gpu_budget_mib(h200) == 143_771 - 120 * 1024

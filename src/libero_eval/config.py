@@ -573,8 +573,8 @@ class RunSettings:
 
     def render_gpu_budget_mib(self, render: RenderPlan | None) -> int | None:
         """GPU memory the env workers' renderers may take (None: they render on no GPU of
-        known size): what server.sglang.gpu_memory_cap_gib leaves of the GPU, else a quarter
-        of it (`rollout.auto.RENDER_GPU_SHARE`)."""
+        known size): what server.sglang.gpu_memory_cap_gib leaves of the GPU, else 14% of it
+        (`rollout.auto.RENDER_GPU_SHARE`)."""
         total = render.gpu_memory_mib if render is not None else None
         if total is None:
             return None

@@ -40,7 +40,10 @@ from typing import Any
 
 MARGIN = 0.85  # the envs must bring a batch within this part of the server's batch time
 EGL_MIB_PER_ENV = 552  # GPU memory of one env's renderer (docs/performance.md, one H200)
-RENDER_GPU_SHARE = 0.25  # the renderers' part of the GPU when the server's is not set
+# The renderers' part of the GPU when the server's is not set (server.sglang.gpu_memory_cap_gib):
+# SGLang's Cosmos3 keeps its weights resident only with 120 GiB free at its start, 86% of an
+# H200's 140 (rollout/startup.py); 14% is 19.6 GiB there, 36 envs.
+RENDER_GPU_SHARE = 0.14
 
 
 @dataclass(frozen=True)

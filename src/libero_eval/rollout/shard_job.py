@@ -108,8 +108,11 @@ def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
     resume = f"Finished episodes are kept in {paths.store}; rerun the workflow to resume."
 
     def service() -> tuple[str, dict | None]:  # on the shard's server-wait thread
-        info = wait_for_service(
-            paths.service_file, timeout_s=shard_settings.health_timeout_s, log_path=paths.serve_log
+        info = wait_for_service(  # polled often: the first request leaves soon after ready
+            paths.service_file,
+            timeout_s=shard_settings.health_timeout_s,
+            poll_s=0.2,
+            log_path=paths.serve_log,
         )
         return info["url"], info.get("capacity")
 

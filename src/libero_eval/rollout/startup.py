@@ -17,6 +17,8 @@ What the start minds:
   server's SIGTERM once every consumer has ended.
 - SIGTERM during the wait reaches the loop (the main thread), which kills the env workers.
 - A shard whose episodes are all finished starts neither envs nor the wait: it needs no server.
+- The cores: the env workers run at `rollout.env_niceness` (10), so the server's start (its
+  imports, weights and warm-up on the CPU side) wins the cores they share.
 - The GPU: env workers rendering on the server's GPU create their EGL contexts (552 MiB
   each, docs/performance.md "Memory and time per env on the GPU") while the server starts.
   SGLang 0.5.23 reads the GPU's free memory once at its start to choose where its weights
@@ -24,8 +26,14 @@ What the start minds:
   keeps its DiT and VAE resident only with 120 GiB free (90 for Nano;
   `configs/pipeline_configs/cosmos3.py`, `keep_resident_min_available_gb`), π0.5 declares no
   such threshold. Renderers starting first leave it less: 16 envs (8.6 GiB) leave 131 GiB of
-  an H200's 140, 37 would cross Cosmos3's line. So the envs a shard starts stay within its
-  render budget (`ShardSettings.render_gpu_budget_mib`, `auto.start_count`).
+  an H200's 140, about 38 would cross Cosmos3's line (its server then offloads: its log says
+  "Auto memory policy ... selects layerwise offload" instead of "Disabling component
+  offload ... because minimum available memory ... is"). With
+  `rollout.total_num_envs: auto` the envs a shard starts stay within its render budget
+  (`ShardSettings.render_gpu_budget_mib`: 14% of the GPU, 36 envs on an H200, or what
+  `server.sglang.gpu_memory_cap_gib` leaves; `auto.start_count`); a fixed count is the
+  user's, and `server.sglang.performance_mode: speed` keeps the weights resident whatever
+  is free.
 """
 
 from __future__ import annotations
