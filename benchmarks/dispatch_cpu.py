@@ -157,7 +157,6 @@ def overlay(cell: str, args: argparse.Namespace, run_id: str) -> dict[str, Any]:
                 "max_batch_size": args.max_batch,
                 "latency_fixed_s": args.latency_fixed_s,
                 "latency_per_item_s": args.latency_per_item_s,
-                "startup_delay_s": args.server_start_s,
             },
         },
         "rollout": {
@@ -167,6 +166,8 @@ def overlay(cell: str, args: argparse.Namespace, run_id: str) -> dict[str, Any]:
             "max_steps": args.max_steps,
         },
     }
+    if args.server_start_s:
+        config["server"]["reference"]["startup_delay_s"] = args.server_start_s
     if args.total_num_envs is not None:
         config["rollout"]["total_num_envs"] = (
             args.total_num_envs if args.total_num_envs == "auto" else int(args.total_num_envs)

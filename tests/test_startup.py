@@ -378,7 +378,7 @@ def test_auto_envs_close_the_spare_workers_as_their_episode_ends(tmp_path, monke
     # the 2 spare workers closed with episodes left to run; the others once none was left
     # to start (10 or more of the 12 done with 2 workers left)
     assert len(closes) == 4 and [done < 10 for _, done in closes] == [True, True, False, False]
-    assert "chose 2 of the 4 envs started (test)" in (tmp_path / "events.log").read_text()
+    assert "envs: 2 of the 4 envs started (test)" in (tmp_path / "events.log").read_text()
 
 
 def test_the_merged_dispatch_default_is_auto():

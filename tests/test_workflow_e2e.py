@@ -1,6 +1,7 @@
 """The whole workflow, end to end: real Snakemake jobs, a real HTTP policy server, real LIBERO."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -350,3 +351,44 @@ def test_three_seeds_show_their_spread_and_a_fourth_seed_runs_only_its_episodes(
     log = (logs / "eval_embodiment.log").read_text()
     assert "(1 to run, 3 already finished" in log
     assert len(pd.read_parquet(results / "summary" / "episodes.parquet")) == 4
+
+
+def test_a_shard_failing_while_its_server_starts_takes_the_server_down_with_it(tmp_path, workdir):
+    """The envs start while the server loads: a shard can now fail before its server is ready.
+    Its first episode's env raises at the start and the shard fails once that record is
+    persisted (fault injection), long before the server's 600 s start ends: Snakemake fails
+    the group and tears the starting server down; no process of the run is left, and the
+    recorded episode stays in the store for the rerun."""
+    run_id = f"pytest_early_fail_{tmp_path.name}"
+    configfile = tmp_path / "config.yaml"
+    configfile.write_text(
+        yaml.safe_dump(
+            {
+                "run_id": run_id,
+                "plan": {"task_ids": [0], "num_trials_per_task": 2},
+                "server": {"reference": {"policy": "hold", "startup_delay_s": 600.0}},
+                "rollout": {"send_privileged_state": False, "max_steps": 16},
+            }
+        )
+    )
+    marker = tmp_path / "failed_once"
+    fault = f"raise_env_at_episode=1;fail_shard_once=shard000:{marker}"
+    proc = subprocess.run(
+        [*SNAKEMAKE, "--cores", "2", "--configfile", str(configfile)],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LIBERO_EVAL_FAULT": fault},
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode != 0 and marker.exists(), proc.stderr[-3000:]
+    log = (workdir / "logs" / run_id / "eval_embodiment.log").read_text()
+    assert "server launch" in log and "server ready" not in log  # it never got there
+    assert "shard000: injected failure (fail_shard_once" in log
+    assert "injected env error" in log  # the episode recorded before the server was ready
+    records = list((workdir / "results" / run_id / "episodes").rglob("*.json"))
+    assert len(records) == 1
+    ours = [p for p in psutil.process_iter(["cwd"]) if p.info["cwd"] == str(workdir)]
+    _, alive = psutil.wait_procs(ours, timeout=60)  # the teardown's SIGTERM grace at most
+    assert [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []

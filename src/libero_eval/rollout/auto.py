@@ -1,31 +1,31 @@
 """How many envs a shard keeps and how its observations leave, chosen from measurement.
 
 Two numbers decide (docs/rfcs/0008-dispatch.md, "auto"):
-- the server's time for a full batch, `batch_s` (its capacity probe at start, corrected by the
-  run's own answers: `dispatch.LatencyModel`), of `server_batch` observations;
-- the envs' seconds per query, `step_s` (the median over the shard's queries so far: from a
-  chunk sent to the env until its next observation came back).
+- the server's latency model and its time for a full batch, `batch_s` (its capacity probe at
+  start, corrected by the run's own answers: `dispatch.LatencyModel`), of `server_batch`
+  observations;
+- the envs' seconds per query, `step_s` (the shard's queries so far: from a chunk sent to the
+  env until its next observation came back; the median where one number is wanted).
 
 While one batch computes, the other envs step. The server is the bound when the envs not in
 its batch bring a whole next batch before it is done: with `n` envs and batch `B`,
 `step_s <= MARGIN x (n / B - 1) x batch_s`. MARGIN (0.85) leaves room for the spread of step
-times about their median. Then:
+times about their median.
 
-- envs (`rollout.total_num_envs: auto`): the fewest whole batches that make the server the
+- Envs (`rollout.total_num_envs: auto`): the fewest whole batches that make the server the
   bound, `B x (1 + ceil(step_s / (MARGIN x batch_s)))`, at most the envs the shard started
   (its job's cores, the GPU's memory: `start_count`); the spare ones close as they finish
-  their episode. More envs add latency and memory, not observations per second.
-- dispatch at a merging server (`rollout.merged_dispatch: auto`): `as_ready` where the server
-  is the bound, else `batches`. Where the server is the bound, its queue holds the next batch
-  as it frees up and `as_ready` lets every ready observation join it (measured on one H200:
-  π0.5 openpi +10-12% with 32 envs, step 0.20 s against a batch of 0.28 s; the LeRobot
-  lineage +16%). Where the envs are the bound, observations ready at its end start a batch
-  with the first of a group, and holding them until the server is expected to finish does
-  better (the CPU cell, step about 1.6 s against a batch of 1.75 s: `batches` 16% ahead).
-  The discrete-event model (`dispatch_model`) gives `as_ready` no loss anywhere and its
-  gain where the envs are back just in time for the next batch; it does not hold what the
-  CPU cell lost (env step times that depend on the dispatch through their cores), so the
-  rule keeps `batches` where the envs are the bound.
+  their episode. More envs add latency, memory and CPU load beside the server, not
+  observations per second. The discrete-event model (`dispatch_model`) gives the count it
+  picks the server's capacity, one batch fewer well below it (tests/test_auto.py).
+- Dispatch at a merging server (`rollout.merged_dispatch: auto`): the model of this shard
+  (its envs stepping their measured times, its server's latency model) run both ways,
+  `batches` and `as_ready`; as_ready unless batches give more than 2% more (`NEAR_TIE`).
+  In the model as_ready never costs more than 2%, and gains 10-28% where the envs come back
+  just as the server frees up; measured, it gained 10-16% on one H200 (π0.5 openpi and
+  LeRobot, 32 envs), and on the CPU cell a shard that chose it ran at 98% of the probe (an
+  earlier run of that cell with as_ready set gave 78% against 93% with batches, a loss the
+  model does not hold; docs/performance.md, "The start overlapped").
 
 Both choices change timing only, never an episode (tests/test_pi05_libero.py).
 """
@@ -37,6 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
 from typing import Any
+
+from libero_eval.rollout.dispatch import LatencyModel
+from libero_eval.rollout.dispatch_model import simulate
 
 MARGIN = 0.85  # the envs must bring a batch within this part of the server's batch time
 EGL_MIB_PER_ENV = 552  # GPU memory of one env's renderer (docs/performance.md, one H200)
@@ -115,27 +118,49 @@ def choose_envs(
     )
 
 
+MODEL_ROUNDS = 24  # queries per env in the model of the shard (its start and tail included)
+NEAR_TIE = 0.98  # as_ready unless batches do better than this in the model
+
+
+def model_steps(step_s: Sequence[float], envs: int, per_env: int = 12) -> list[list[float]]:
+    """The shard's measured step times handed round to `envs` model envs, each its own turn
+    through them (so that the envs do not step in lockstep)."""
+    samples = list(step_s)[-max(per_env * envs, 1) :]
+    return [[samples[(i + k * envs) % len(samples)] for k in range(per_env)] for i in range(envs)]
+
+
 def choose_dispatch(
-    setting: str, envs: int, server_batch: int, batch_s: float, step_s: Sequence[float]
+    setting: str,
+    envs: int,
+    server_batch: int,
+    latency: LatencyModel,
+    step_s: Sequence[float],
+    batch_timeout_s: float,
 ) -> Choice:
-    """`rollout.merged_dispatch: auto` at a merging server, for `envs` envs."""
-    step = median(step_s)
-    bound = server_is_the_bound(envs, server_batch, batch_s, step)
-    measured = (
-        f"{envs} envs stepping {step:.2f} s a query against batches of {server_batch} in "
-        f"{batch_s:.2f} s"
-    )
-    if bound:
-        return Choice(
-            "as_ready",
-            setting,
-            f"as_ready: {measured}: the server is the bound, each observation joins its next batch",
-        )
+    """`rollout.merged_dispatch: auto` at a merging server, for `envs` envs: the discrete-event
+    model of this shard (`dispatch_model`: its envs stepping their measured times, its server's
+    latency model) run both ways; as_ready unless batches do clearly better."""
+    steps = model_steps(step_s, envs)
+    rate = {
+        name: simulate(
+            steps,
+            latency,
+            server_batch,
+            merging=True,
+            as_ready=name == "as_ready",
+            rounds=MODEL_ROUNDS,
+            batch_timeout_s=batch_timeout_s,
+        ).obs_per_s
+        for name in ("batches", "as_ready")
+    }
+    value = "as_ready" if rate["as_ready"] >= NEAR_TIE * rate["batches"] else "batches"
+    other = "batches" if value == "as_ready" else "as_ready"
     return Choice(
-        "batches",
+        value,
         setting,
-        f"batches: {measured}: the envs are the bound, a batch is held until full or until "
-        "the server is expected to finish",
+        f"{value}: in a model of this shard ({envs} envs stepping {median(step_s):.2f} s a "
+        f"query, batches of {server_batch} in {latency.seconds(server_batch):.2f} s) it gives "
+        f"{rate[value]:.2f} obs/s against {rate[other]:.2f} with {other}",
     )
 
 
@@ -179,15 +204,23 @@ class ShardChoices:
     def due(self, active: int) -> bool:
         return self.pending and len(self.step_s) >= self.QUERIES_BEFORE_CHOICE * max(1, active)
 
-    def choose(self, active: int, server_batch: int, batch_s: float) -> tuple[int, bool | None]:
+    def choose(
+        self, active: int, server_batch: int, latency: LatencyModel, batch_timeout_s: float
+    ) -> tuple[int, bool | None]:
         """Choose what is left from the measurements: (the envs to keep, as_ready or None
         where the dispatch was not chosen here)."""
+        batch_s = latency.seconds(server_batch)
         if self.envs is None:
             self.envs = choose_envs(self.envs_setting, active, server_batch, batch_s, self.step_s)
         as_ready = None
         if self.dispatch is None:
             self.dispatch = choose_dispatch(
-                self.dispatch_setting, self.envs.value, server_batch, batch_s, self.step_s
+                self.dispatch_setting,
+                self.envs.value,
+                server_batch,
+                latency,
+                self.step_s,
+                batch_timeout_s,
             )
             as_ready = self.dispatch.value == "as_ready"
         return self.envs.value, as_ready

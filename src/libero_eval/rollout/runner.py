@@ -178,10 +178,11 @@ class ShardRunner:
             self.calls.close(wait=fatal is None)
             # a failing shard loses its in-flight episodes anyway: don't wait for envs
             self._workers.close(kill=fatal is not None)
-            self.choices.close(
-                len(self._workers.active) + self._spare,
-                None if self._dispatcher is None else self._dispatcher.as_ready,
+            unchosen = self._unchosen()
+            self.choices.close(  # what was never chosen stays as it ran
+                self.envs_started, None if self._dispatcher is None else self._dispatcher.as_ready
             )
+            self._log_choices(unchosen)
 
     def _on_server(self, info: ServerInfo) -> None:
         """The server is known: set the dispatch up and let the observations held so far go."""
@@ -195,7 +196,9 @@ class ShardRunner:
         self._merged = self.server_batch > self.max_batch_size
         self._scheduler.batch_size = 1 if self._merged else self.max_batch_size
         self.max_inflight = s.max_inflight_requests or -(-self.envs_started // self.server_batch)
+        unchosen = self._unchosen()
         as_ready = self.choices.on_server(self._merged)
+        self._log_choices(unchosen)
         self._dispatcher = Dispatcher(
             self.server_batch,
             self.max_inflight,
@@ -220,20 +223,31 @@ class ShardRunner:
         assert self.choices is not None and self._dispatcher is not None
         active = len(self._workers.active)
         model = self._dispatcher.model
-        if model is None or not self.choices.due(active):
+        # chosen while every env has an episode: in the run's tail the envs run out anyway
+        if model is None or not self._scheduler.to_start or not self.choices.due(active):
             return
+        unchosen = self._unchosen()
         keep, as_ready = self.choices.choose(
-            active, self.server_batch, model.seconds(self.server_batch)
+            active, self.server_batch, model, self.settings.batch_timeout_s
         )
         self._spare = max(0, active - keep)
         if as_ready is not None:
             self._dispatcher.as_ready = as_ready
         if self.settings.max_inflight_requests is None:
             self._dispatcher.max_inflight = -(-keep // self.server_batch)
+        self._log_choices(unchosen)
+
+    def _unchosen(self) -> set[str]:
+        assert self.choices is not None
+        return {name for name in ("envs", "dispatch") if getattr(self.choices, name) is None}
+
+    def _log_choices(self, unchosen: set[str]) -> None:
+        """Log the choices made since `unchosen` was taken ("envs: ...", "dispatch: ...")."""
         s = self.settings
-        for choice in (self.choices.envs, self.choices.dispatch):
-            assert choice is not None
-            log_event(s.event_log, f"rollout {s.shard}", f"chose {choice.reason}")
+        for name in sorted(unchosen, reverse=True):  # envs first
+            choice = getattr(self.choices, name)
+            if choice is not None:
+                log_event(s.event_log, f"rollout {s.shard}", f"{name}: {choice.reason}")
 
     def _start(self, worker: EnvWorker, episode: Episode) -> None:
         self._send_start(worker, self._scheduler.start(worker.index, episode))

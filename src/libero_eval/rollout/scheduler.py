@@ -68,6 +68,11 @@ class EpisodeScheduler:
         """Every pending episode is finished: none left to hand out, none running."""
         return not self._todo and not self._running
 
+    @property
+    def to_start(self) -> int:
+        """Episodes not handed to a worker yet."""
+        return len(self._todo)
+
     def is_running(self, worker: int) -> bool:
         return worker in self._running
 
