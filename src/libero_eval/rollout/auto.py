@@ -67,7 +67,7 @@ def start_count(
     """The envs a shard starts and the bound that set it: its episodes, its job's threads
     (`rollout.envs_per_shard`, lowered by Snakemake to --cores) and, with `auto`, the GPU
     memory its renderers may take."""
-    count, bound = envs_per_shard, f"the job's {envs_per_shard} threads (rollout.envs_per_shard)"
+    count, bound = envs_per_shard, f"the job's {envs_per_shard} threads, rollout.envs_per_shard"
     if auto and render_gpu_budget_mib is not None:
         by_memory = max(1, render_gpu_budget_mib // EGL_MIB_PER_ENV)
         if by_memory < count:
