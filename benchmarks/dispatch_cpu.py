@@ -18,6 +18,13 @@ step a chunk faster than the server answers a full batch) and batching matters (
 prompt, batches of up to 3). From the shards' dispatch logs it also prints how many requests
 went out at each batch size and the server's idle gaps (no request in flight).
 
+With ``--server-start-s S`` the reference server takes S seconds to start
+(``server.reference.startup_delay_s``, a model of a GPU server loading its weights): the shard
+starts its envs meanwhile, and the benchmark prints from each shard's dispatch log (its
+``timeline``) when its envs were ready against the server, how long after the server's ready
+its first request left, and how long after its last answer it ended; and the envs and
+dispatch it chose (``envs_choice``, ``dispatch_choice``).
+
 Cells (``--cells``, comma-separated):
 
   cosmos3  policy.family cosmos3: one request carries up to max_batch observations of one
@@ -26,6 +33,7 @@ Cells (``--cells``, comma-separated):
            max_batch concurrent requests into one batch (SGLang's --batching-max-size).
 
     MUJOCO_GL=egl python benchmarks/dispatch_cpu.py --json results/benchmarks/dispatch_cpu.json
+    MUJOCO_GL=egl python benchmarks/dispatch_cpu.py --server-start-s 40
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -90,9 +99,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-batch", type=int, default=3, help="server max batch (default 3)")
     parser.add_argument(
         "--merged-dispatch",
-        choices=("batches", "as_ready"),
-        default="batches",
-        help="rollout.merged_dispatch for the pi05 cell (default: the schema's, batches)",
+        choices=("auto", "batches", "as_ready"),
+        default="auto",
+        help="rollout.merged_dispatch for the pi05 cell (default: the schema's, auto)",
+    )
+    parser.add_argument(
+        "--server-start-s",
+        type=float,
+        default=0.0,
+        help="server.reference.startup_delay_s: the server's start, in seconds (default 0)",
+    )
+    parser.add_argument(
+        "--total-num-envs",
+        default=None,
+        help="rollout.total_num_envs (e.g. auto: --envs is then the most a shard starts)",
     )
     parser.add_argument(
         "--workdir",
@@ -146,6 +166,12 @@ def overlay(cell: str, args: argparse.Namespace, run_id: str) -> dict[str, Any]:
             "max_steps": args.max_steps,
         },
     }
+    if args.server_start_s:
+        config["server"]["reference"]["startup_delay_s"] = args.server_start_s
+    if args.total_num_envs is not None:
+        config["rollout"]["total_num_envs"] = (
+            args.total_num_envs if args.total_num_envs == "auto" else int(args.total_num_envs)
+        )
     if cell == "pi05":  # no checkpoint: the reference server's made-up statistics, by name
         config["policy"] = {"family": "pi05", "pi05": {"norm_stats_path": PI05_TEST_STATS}}
         config["rollout"]["merged_dispatch"] = args.merged_dispatch
@@ -174,6 +200,52 @@ def dispatch_summary(shards: Path) -> dict[str, Any]:
         "idle_longest_s": round(max(gaps), 2) if gaps else 0.0,
         "first_full_batch_after_s": round(first_full, 2) if first_full is not None else None,
     }
+
+
+def timelines(shards: Path, service_file: Path) -> list[dict[str, Any]]:
+    """Per shard, from its dispatch log's timeline (and the service file's, where the serve
+    side writes one): the gaps of issue 39's targets, in seconds, and its choices."""
+    service = json.loads(service_file.read_text()) if service_file.exists() else {}
+    launch = (service.get("timeline") or {}).get("launch")
+    # the serve job's own "ready" (its timeline's, else ready_at, to the second)
+    ready = (service.get("timeline") or {}).get("ready")
+    if ready is None and service.get("ready_at"):
+        ready = datetime.fromisoformat(service["ready_at"]).timestamp()
+    rows = []
+    for path in sorted(shards.glob("*.dispatch.json")):
+        log = json.loads(path.read_text())
+        t = log.get("timeline") or {}
+
+        def gap(later: str, earlier: str, t: dict = t) -> float | None:
+            if t.get(later) is None or t.get(earlier) is None:
+                return None
+            return round(t[later] - t[earlier], 2)
+
+        rows.append(
+            {
+                "shard": log["shard"],
+                "envs_ready_after_job_start_s": gap("envs_ready", "job_start"),
+                "server_ready_after_job_start_s": gap("service_ready", "job_start"),
+                "envs_ready_before_server_s": gap("service_ready", "envs_ready"),
+                "first_request_after_ready_s": gap("first_request", "service_ready"),
+                "first_request_after_serve_ready_s": (
+                    round(t["first_request"] - ready, 2)
+                    if ready is not None and t.get("first_request") is not None
+                    else None
+                ),
+                "serving_s": gap("last_answer", "first_request"),
+                "end_after_last_answer_s": gap("shard_end", "last_answer"),
+                "job_start_after_launch_s": (
+                    round(t["job_start"] - launch, 2) if launch and t.get("job_start") else None
+                ),
+                "envs": (log.get("envs_choice") or {}).get("envs"),
+                "envs_started": log.get("envs_started"),
+                "envs_reason": (log.get("envs_choice") or {}).get("reason"),
+                "dispatch": (log.get("dispatch_choice") or {}).get("merged_dispatch"),
+                "dispatch_reason": (log.get("dispatch_choice") or {}).get("reason"),
+            }
+        )
+    return rows
 
 
 def run_cell(cell: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
@@ -219,7 +291,9 @@ def run_cell(cell: str, args: argparse.Namespace, root: Path) -> dict[str, Any]:
         **{k: row[k] for k in row},
         **dispatch_summary(results / "shards"),
     }
-    return {key: number(value) for key, value in result.items()}
+    result = {key: number(value) for key, value in result.items()}
+    result["timelines"] = timelines(results / "shards", results / "servers" / "slot0.json")
+    return result
 
 
 def number(value: Any) -> Any:
@@ -240,6 +314,39 @@ def cell_text(value: Any) -> str:
     return str(value)
 
 
+TIMELINE_COLUMNS = (
+    ("cell", "cell"),
+    ("shard", "shard"),
+    ("envs ready after job start s", "envs_ready_after_job_start_s"),
+    ("server ready after job start s", "server_ready_after_job_start_s"),
+    ("envs ready before the server s", "envs_ready_before_server_s"),
+    ("first request after the shard saw ready s", "first_request_after_ready_s"),
+    ("first request after the serve job's ready s", "first_request_after_serve_ready_s"),
+    ("serving s", "serving_s"),
+    ("shard end after last answer s", "end_after_last_answer_s"),
+    ("envs kept / started", "envs_kept"),
+    ("dispatch", "dispatch"),
+)
+
+
+def print_timelines(results: list[dict[str, Any]]) -> None:
+    """Each shard's start and end (its dispatch log's timeline), and what it chose and why."""
+    rows = [
+        {**t, "cell": r["cell"], "envs_kept": f"{t['envs']} / {t['envs_started']}"}
+        for r in results
+        for t in r["timelines"]
+    ]
+    if not rows:
+        return
+    print("\n| " + " | ".join(h for h, _ in TIMELINE_COLUMNS) + " |")
+    print("|" + "---|" * len(TIMELINE_COLUMNS))
+    for row in rows:
+        print("| " + " | ".join(cell_text(row.get(k)) for _, k in TIMELINE_COLUMNS) + " |")
+    for row in rows:
+        print(f"\n{row['cell']} {row['shard']}: envs: {row['envs_reason']}")
+        print(f"{row['cell']} {row['shard']}: dispatch: {row['dispatch_reason']}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -252,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
         f"command: {' '.join([Path(sys.argv[0]).name, *sys.argv[1:]])}\n"
         f"plan: libero_spatial tasks {args.task_ids} x {args.trials} trials, "
         f"{args.max_steps} steps per episode, {args.envs} envs in one shard, one server"
+        f"{f' taking {args.server_start_s:g} s to start' if args.server_start_s else ''}"
     )
     root = args.workdir or Path(tempfile.mkdtemp(prefix="dispatch_cpu_"))
     results = []
@@ -281,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in results:
         if r.get("warning"):
             print(f"\n{r['cell']}: {r['warning']}")
+    print_timelines(results)
     end_load = [round(x, 2) for x in os.getloadavg()]
     print(f"\nload average at end: {end_load}")
     if args.json:

@@ -156,7 +156,8 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
     """SGLang merges π0.5's one-observation requests that reach it together: with the
     server's merge size known (its capacity probe), the shard sends a batch's requests at
     once. The dispatch changes timing only: the episodes' outcomes are those of a shard that
-    sends every observation on its own, to a server that does not merge."""
+    sends every observation on its own, to a server that does not merge, and of a shard that
+    chooses its envs and dispatch itself (auto)."""
     episodes = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
     # a server slower than the envs (3 s a batch), so that a batch waits for both envs
     merging = {"max_batch_size": 2, "latency_fixed_s": 3.0, "latency_per_item_s": 0.0}
@@ -168,7 +169,12 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
     ]
     capacity = {"max_batch_size": 2, "probes": probes, "obs_per_s": 0.067}
     outcomes, logs, built_on = [], [], {}
-    runs = (("alone", None, {}), ("merged", capacity, merging), ("as_ready", capacity, merging))
+    runs = (
+        ("alone", None, {}),
+        ("merged", capacity, merging),
+        ("as_ready", capacity, merging),
+        ("auto", capacity, merging),  # envs and dispatch left to the shard
+    )
     for name, server_capacity, model in runs:
         server = ReferenceServerSettings(
             action_stats_path=COSMOS3_STATS,
@@ -180,7 +186,8 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
         settings, store = pi05_shard(tmp_path / name, norm_stats_path=str(STATS))
         settings.envs_per_shard = 2
         settings.batch_timeout_s = 60.0  # the idle server's hold is then its fixed cost
-        settings.merged_dispatch = "as_ready" if name == "as_ready" else "batches"
+        settings.merged_dispatch = name if name in ("as_ready", "auto") else "batches"
+        settings.total_num_envs = "auto" if name == "auto" else None
         build, built_on[name] = settings.adapter.build_request, []
 
         def recorded(observations, request_id, build=build, threads=built_on[name]):
@@ -201,8 +208,11 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
             )
         outcomes.append([(r["success_once"], r["steps"], r["first_success_step"]) for r in records])
         logs.append(json.loads((tmp_path / name / "dispatch.json").read_text()))
-    assert outcomes[0] == outcomes[1] == outcomes[2]  # rollout.merged_dispatch: timing only
-    alone, merged, _ = logs
+    # rollout.merged_dispatch and total_num_envs (auto included): timing only
+    assert outcomes[0] == outcomes[1] == outcomes[2] == outcomes[3]
+    alone, merged, _, chosen = logs
+    assert chosen["envs_choice"]["setting"] == "auto"
+    assert chosen["dispatch_choice"]["setting"] == "auto"
     assert alone["server_batch"] == 1 and merged["server_batch"] == 2
     assert {request[2] for request in merged["requests"]} == {1}  # one observation each
     sent = [request[0] for request in merged["requests"]]

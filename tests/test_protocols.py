@@ -18,7 +18,8 @@ from libero_eval.rollout.env_worker import (
     LiberoEpisodeEnv,
 )
 from libero_eval.rollout.protocols import episode_seed, get_protocol, reset_seed_of
-from libero_eval.rollout.runner import ShardSettings, _record
+from libero_eval.rollout.records import episode_record
+from libero_eval.rollout.runner import ShardSettings
 from libero_eval.settings_schema import build, default
 
 CHUNK = 16
@@ -246,12 +247,13 @@ def test_result_row_records_the_protocol_seed_and_the_episodes_reset_seed():
         env=build(EnvSettings, "rollout"),
         adapter=None,  # a result row does not ask the policy
         envs_per_shard=1,
+        total_num_envs=None,
         max_inflight_requests=None,
         merged_dispatch="batches",
         batch_timeout_s=default("rollout", "batch_timeout_s"),
         health_timeout_s=default("server", "health_timeout_s"),
     )
-    row = _record(settings, Episode("libero_goal", 4, 9), None, None)
+    row = episode_record(settings, Episode("libero_goal", 4, 9), None, None)
     assert row["seed"] == 7 and row["reset_seeding"] == "episode"
     assert row["episode_seed"] == episode_seed(7, "libero_goal", 4, 9)
 

@@ -174,6 +174,17 @@ def test_health_is_503_until_the_policy_is_built(monkeypatch):
         assert post_json(base, json_request()).status_code == 200
 
 
+def test_a_start_up_delay_keeps_health_503_then_logs_its_end(caplog):
+    """server.reference.startup_delay_s models a slow start: no answer but 503 meanwhile."""
+    with serve_in_thread(settings(startup_delay_s=3600.0), wait_ready=False) as base:
+        response = requests.get(base + "/health", timeout=5)
+        assert response.status_code == 503 and response.json()["status"] == "starting"
+    caplog.set_level("INFO", logger="libero_eval.reference.server")
+    with serve_in_thread(settings(startup_delay_s=0.2), timeout_s=60) as base:  # until ready
+        assert requests.get(base + "/health", timeout=5).status_code == 200
+    assert "start-up delay: 0.2 s (server.reference.startup_delay_s)" in caplog.text
+
+
 # --- Successful generations -----------------------------------------------------------------
 
 

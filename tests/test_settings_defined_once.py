@@ -193,6 +193,7 @@ def test_every_reference_setting_reaches_the_server_unchanged():
         "padded_action_dim": 32,
         "latency_fixed_s": 0.25,
         "latency_per_item_s": 0.125,
+        "startup_delay_s": 2.5,
         "model_name": "reference-x",
         "family": "pi05",
         "norm_stats_path": Path("libero_eval:stats/pi05_libero_norm_stats.json"),
@@ -503,6 +504,8 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
                 "endpoint": "the family's endpoint (policy.connection)",
                 "event_log": "a path of the job (its log)",
                 "video_dir": "a path of the job (its videos)",
+                "expected_batch": "the server's max batch as its section says (config)",
+                "render_gpu_budget_mib": "the render GPU's memory less the server's (config)",
             },
         ),
         (

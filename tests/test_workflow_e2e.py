@@ -1,5 +1,7 @@
 """The whole workflow, end to end: real Snakemake jobs, a real HTTP policy server, real LIBERO."""
 
+import json
+import os
 import re
 import subprocess
 import sys
@@ -78,9 +80,16 @@ def workdir(tmp_path) -> Path:
     return workflow_dir(tmp_path / "work")
 
 
+# The demo run's server takes this long to start, as a GPU server loads its weights: far
+# longer than its 2 envs take to come to their first observation on this machine, so the
+# timeline shows them ready before the server.
+SERVER_START_S = 30.0
+
+
 @pytest.fixture
 def short_run(tmp_path):
-    """A 2-task x 2-init-state evaluation with 32-step episodes under its own run id."""
+    """A 2-task x 2-init-state evaluation with 32-step episodes under its own run id, against
+    a server that takes SERVER_START_S to start."""
     run_id = f"pytest_e2e_{tmp_path.name}"
     configfile = tmp_path / "config.yaml"
     configfile.write_text(
@@ -88,7 +97,7 @@ def short_run(tmp_path):
             {
                 "run_id": run_id,
                 "plan": {"task_ids": [0, 1], "num_trials_per_task": 2},
-                "server": {"reference": {"policy": "hold"}},
+                "server": {"reference": {"policy": "hold", "startup_delay_s": SERVER_START_S}},
                 "rollout": {"send_privileged_state": False, "max_steps": 32},
             }
         )
@@ -142,6 +151,24 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do_and_bad_records_rerun(wor
     ]
     assert order == sorted(order)
     assert len(re.findall(r"\[libero eval\] task_id=\d, trial_id=\d, success=False", log)) == 4
+
+    # The envs came up while the server started; the first request waited for both; the shard
+    # ended after its last answer, its workers closed (the dispatch log's timeline, wall clock).
+    dispatch = json.loads((results / "shards" / "shard000.dispatch.json").read_text())
+    timeline = dispatch["timeline"]
+    assert None not in timeline.values(), timeline
+    assert timeline["job_start"] <= timeline["envs_started"] <= timeline["envs_ready"]
+    assert timeline["envs_ready"] <= timeline["service_ready"]  # the server's start is longer
+    assert timeline["service_ready"] <= timeline["first_request"] <= timeline["last_answer"]
+    assert timeline["last_answer"] <= timeline["shard_end"]
+    assert timeline["first_request"] == min(r[0] for r in dispatch["requests"])
+    assert dispatch["envs_choice"]["envs"] == 2 and dispatch["envs_choice"]["setting"] == 2
+    assert dispatch["dispatch_choice"]["merged_dispatch"] is None  # Cosmos3: no merging
+    assert log.index("envs ready: 2 envs in") < log.index("server ready")
+    assert "(before the server was ready)" in log
+    assert log.index("server ready") < log.index("first request ") < log.index("shard end ")
+    serve_log = (workdir / "logs" / run_id / "serve" / "slot0.log").read_text()
+    assert f"start-up delay: {SERVER_START_S:.1f} s (server.reference.startup_delay_s)" in serve_log
     # The server's own capacity stays in its service file after it stopped.
     capacity = capacity_of(results / "servers" / "slot0.json")
     assert capacity is not None and capacity["max_batch_size"] == 8, capacity
@@ -275,7 +302,7 @@ def throughput_runs(tmp_path):
 
 
 def throughput_overlay(
-    path: Path, run_id: str, envs_per_shard: int, reset_mode: str = "fast"
+    path: Path, run_id: str, envs_per_shard: int, reset_mode: str = "fast", **rollout
 ) -> Path:
     """6 episodes (2 tasks x 3 init states) of the scripted expert, cosmos protocol, 150 steps."""
     path.write_text(
@@ -288,6 +315,7 @@ def throughput_overlay(
                     "max_steps": 150,
                     "envs_per_shard": envs_per_shard,
                     "reset_mode": reset_mode,
+                    **rollout,
                 },
             }
         )
@@ -299,12 +327,14 @@ def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuse
     tmp_path, workdir, throughput_runs
 ):
     """The scripted expert on 6 episodes with 1 env per shard and LIBERO's hard reset, and with
-    3 and the fast reset: the same outcomes, steps and seeds per episode. Then the first run
-    again with 3 envs and fast resets reuses every episode."""
+    up to 3 chosen by the shard (total_num_envs auto) and the fast reset: the same outcomes,
+    steps and seeds per episode. Then the first run again with 3 envs and fast resets reuses
+    every episode."""
     defaults = REPO / "config" / "config.yaml"
     frames = []
     for run_id, envs, reset_mode in zip(throughput_runs, (1, 3), ("hard", "fast"), strict=True):
-        overlay = throughput_overlay(tmp_path / f"{run_id}.yaml", run_id, envs, reset_mode)
+        auto = {"total_num_envs": "auto"} if envs > 1 else {}
+        overlay = throughput_overlay(tmp_path / f"{run_id}.yaml", run_id, envs, reset_mode, **auto)
         run = run_workflow(workdir, defaults, str(overlay), cores=4)
         assert run.returncode == 0, run.stderr[-3000:]
         frames.append(
@@ -367,3 +397,44 @@ def test_three_seeds_show_their_spread_and_a_fourth_seed_runs_only_its_episodes(
     log = (logs / "eval_embodiment.log").read_text()
     assert "(1 to run, 3 already finished" in log
     assert len(pd.read_parquet(results / "summary" / "episodes.parquet")) == 4
+
+
+def test_a_shard_failing_while_its_server_starts_takes_the_server_down_with_it(tmp_path, workdir):
+    """The envs start while the server loads: a shard can now fail before its server is ready.
+    Its first episode's env raises at the start and the shard fails once that record is
+    persisted (fault injection), long before the server's 600 s start ends: Snakemake fails
+    the group and tears the starting server down; no process of the run is left, and the
+    recorded episode stays in the store for the rerun."""
+    run_id = f"pytest_early_fail_{tmp_path.name}"
+    configfile = tmp_path / "config.yaml"
+    configfile.write_text(
+        yaml.safe_dump(
+            {
+                "run_id": run_id,
+                "plan": {"task_ids": [0], "num_trials_per_task": 2},
+                "server": {"reference": {"policy": "hold", "startup_delay_s": 600.0}},
+                "rollout": {"send_privileged_state": False, "max_steps": 16},
+            }
+        )
+    )
+    marker = tmp_path / "failed_once"
+    fault = f"raise_env_at_episode=1;fail_shard_once=shard000:{marker}"
+    proc = subprocess.run(
+        [*SNAKEMAKE, "--cores", "2", "--configfile", str(configfile)],
+        cwd=workdir,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "LIBERO_EVAL_FAULT": fault},
+        timeout=900,
+        check=False,
+    )
+    assert proc.returncode != 0 and marker.exists(), proc.stderr[-3000:]
+    log = (workdir / "logs" / run_id / "eval_embodiment.log").read_text()
+    assert "server launch" in log and "server ready" not in log  # it never got there
+    assert "shard000: injected failure (fail_shard_once" in log
+    # the episode recorded before the server was ready stays in the store
+    records = list((workdir / "results" / run_id / "episodes").rglob("*.json"))
+    assert len(records) == 1 and "injected env error" in records[0].read_text()
+    ours = [p for p in psutil.process_iter(["cwd"]) if p.info["cwd"] == str(workdir)]
+    _, alive = psutil.wait_procs(ours, timeout=60)  # the teardown's SIGTERM grace at most
+    assert [p.pid for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []

@@ -114,6 +114,7 @@ def _shard_main(
     from libero_eval.rollout.env_worker import EnvSettings
     from libero_eval.rollout.protocols import get_protocol
     from libero_eval.rollout.runner import ShardRunner, ShardSettings
+    from libero_eval.rollout.startup import ServerGate, ServerInfo
     from libero_eval.settings_schema import build
     from libero_eval.store import EpisodeStore
 
@@ -126,6 +127,7 @@ def _shard_main(
         env=build(EnvSettings, "rollout", render_mode="on_demand"),
         adapter=make_adapter("cosmos3", config["policy"]["cosmos3"]),
         envs_per_shard=cell.envs_per_shard,
+        total_num_envs=None,
         max_inflight_requests=cell.inflight,
         merged_dispatch="batches",
         batch_timeout_s=config["rollout"]["batch_timeout_s"],
@@ -135,9 +137,8 @@ def _shard_main(
     def progress(done: int, total: int, _successes: int) -> None:
         events.put((time.monotonic(), name, done, total))
 
-    runner = ShardRunner(
-        settings, EpisodeStore(store_root), url, progress=progress, max_batch_size=max_batch
-    )
+    server = ServerGate.known(ServerInfo(url, max_batch, None, time.time()))
+    runner = ShardRunner(settings, EpisodeStore(store_root), server, progress=progress)
     records = runner.run([Episode(*episode) for episode in episodes])
     errors = [r["error"] for r in records if r["error"]]
     latencies = [

@@ -27,6 +27,7 @@ from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.policy.connection import policy_connection_spec
 from libero_eval.policy.families import Family, PolicyAdapter, make_adapter
 from libero_eval.published import check_published_config
+from libero_eval.rollout.auto import RENDER_GPU_SHARE
 from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.rollout.render_device import RenderPlan, plan_render_env
@@ -186,7 +187,7 @@ def check_config(config: dict[str, Any]) -> RunSettings:
             raise ConfigError(str(exc)) from exc
     num_shards = server["num_slots"] * rollout["shards_per_slot"]
     total_envs = rollout["total_num_envs"]
-    if total_envs is not None and total_envs % num_shards:
+    if isinstance(total_envs, int) and total_envs % num_shards:
         raise ConfigError(
             f"rollout.total_num_envs ({total_envs}) must split evenly over the "
             f"{num_shards} shards (server.num_slots x rollout.shards_per_slot)"
@@ -286,8 +287,10 @@ def shards(config: dict[str, Any]) -> list[Shard]:
 
 
 def envs_per_shard(config: dict[str, Any]) -> int:
+    """The envs a rollout job reserves threads for: rollout.envs_per_shard (with
+    total_num_envs auto the most it starts), or total_num_envs split over the shards."""
     rollout = config["rollout"]
-    if rollout["total_num_envs"] is None:
+    if rollout["total_num_envs"] in (None, "auto"):
         return rollout["envs_per_shard"]
     return rollout["total_num_envs"] // (config["server"]["num_slots"] * rollout["shards_per_slot"])
 
@@ -499,17 +502,12 @@ class RunSettings:
         server merges into a batch (SGLang's --batching-max-size, the reference server's
         max_batch_size; openpi's server computes one at a time), and the batch sizes whose
         CUDA graphs it captures before the server is ready (the family's ``graph_batches``)."""
-        server = self.config["server"]
-        merged = {
-            "reference": server["reference"]["max_batch_size"],
-            "sglang": server["sglang"]["batching_max_size"],
-        }.get(server["backend"], 1)
         family = self.config["policy"]["family"]
         graph_batches = families.get(family).graph_batches
         return CapacityProbe(
             family=family,
             policy=self.policy,
-            merged_batch_size=merged,
+            merged_batch_size=self.expected_server_batch,
             camera_size=self.config["rollout"]["camera_size"],
             privileged_state=sends_privileged_state(self.config),
             timeout_s=self.failures.request_timeout_s,
@@ -574,10 +572,35 @@ class RunSettings:
             endpoint=policy_connection_spec("", policy["family"], family_settings(self.config)),
             failures=self.failures,
             envs_per_shard=max(1, envs_per_shard),
+            total_num_envs=rollout["total_num_envs"],
             max_inflight_requests=rollout["max_inflight_requests"],
             merged_dispatch=rollout["merged_dispatch"],
             batch_timeout_s=rollout["batch_timeout_s"],
             health_timeout_s=self.config["server"]["health_timeout_s"],
             event_log=event_log,
             video_dir=video_dir if videos["enabled"] else None,
+            expected_batch=self.expected_server_batch,
+            render_gpu_budget_mib=self.render_gpu_budget_mib(render),
         )
+
+    @property
+    def expected_server_batch(self) -> int:
+        """The server's max batch as the config says (the reference server's
+        max_batch_size, SGLang's --batching-max-size; openpi and a family's own server: 1)."""
+        server = self.config["server"]
+        return {
+            "reference": server["reference"]["max_batch_size"],
+            "sglang": server["sglang"]["batching_max_size"],
+        }.get(server["backend"], 1)
+
+    def render_gpu_budget_mib(self, render: RenderPlan | None) -> int | None:
+        """GPU memory the env workers' renderers may take (None: they render on no GPU of
+        known size): what server.sglang.gpu_memory_cap_gib leaves of the GPU, else 14% of it
+        (`rollout.auto.RENDER_GPU_SHARE`)."""
+        total = render.gpu_memory_mib if render is not None else None
+        if total is None:
+            return None
+        cap_gib = self.config["server"]["sglang"]["gpu_memory_cap_gib"]
+        if self.config["server"]["backend"] == "sglang" and cap_gib is not None:
+            return max(0, total - int(cap_gib * 1024))
+        return int(total * RENDER_GPU_SHARE)

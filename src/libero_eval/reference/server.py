@@ -109,7 +109,14 @@ class ReferenceServer:
         return self.policy is not None
 
     def load_policy(self) -> None:
-        """Build the policy (may be slow); /health turns 200 when done."""
+        """Build the policy (may be slow); /health turns 200 when done. With a start-up delay
+        (`server.reference.startup_delay_s`) it first waits that long, as a GPU server loads
+        its weights before it answers /health."""
+        delay = self.settings.startup_delay_s
+        if delay > 0:
+            time.sleep(delay)
+            # one line the serve side parses into the start's parts (docs: timeline contract)
+            logger.info("start-up delay: %.1f s (server.reference.startup_delay_s)", delay)
         try:
             policy = make_server_policy(self.settings.policy, **self.settings.policy_kwargs)
         except Exception as exc:

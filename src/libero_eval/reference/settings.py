@@ -101,6 +101,9 @@ class ReferenceServerSettings:
     latency_per_item_s: float = _setting(
         CONFIG["latency_per_item_s"], "latency model: seconds per observation"
     )
+    startup_delay_s: float = _setting(
+        CONFIG["startup_delay_s"], "a slow start: /health answers 503 this long (seconds)"
+    )
     # None: reference-<policy>, as the serve job names it
     model_name: str | None = _setting(None, "reported model name (default reference-<policy>)")
     # or "pi05": SGLang's π0.5 API (policy/families/pi05/reference.py)
@@ -132,7 +135,7 @@ class ReferenceServerSettings:
                 f"padded_action_dim must be >= {MODEL_ACTION_DIM} (the LIBERO model action has "
                 f"{MODEL_ACTION_DIM} channels), got {self.padded_action_dim}"
             )
-        for name in ("latency_fixed_s", "latency_per_item_s"):
+        for name in ("latency_fixed_s", "latency_per_item_s", "startup_delay_s"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a finite number >= 0 seconds, got {value}")

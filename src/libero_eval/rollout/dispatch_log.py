@@ -1,6 +1,7 @@
 """A shard's dispatch log (`results/<run>/shards/<shard>.dispatch.json`): every policy request
-(sent, answered, observations, ok, its batch, when it began to leave) and the envs' time
-waiting and stepping, read by `libero_eval.efficiency` for the run's GPU efficiency report."""
+(sent, answered, observations, ok, its batch, when it began to leave), the envs' time waiting
+and stepping, the shard's timeline (`TIMELINE`) and its choices of envs and dispatch (with
+why), read by `libero_eval.efficiency` for the run's GPU efficiency report and its timeline."""
 
 from __future__ import annotations
 
@@ -8,6 +9,18 @@ import json
 import time
 from pathlib import Path
 from typing import Any
+
+# The shard's milestones, wall clock (time.time()); None when it did not happen (a shard whose
+# episodes were all reused has only job_start and shard_end). docs: the timeline contract.
+TIMELINE = (
+    "job_start",  # the rollout job's process began (before making env workers)
+    "envs_started",  # every env worker process had been spawned
+    "envs_ready",  # the last of the shard's envs had its first observation
+    "service_ready",  # the shard saw its slot's service file ready (and /health 200)
+    "first_request",  # its first policy request left (column 0 of the first request)
+    "last_answer",  # its last policy answer came back (the latest column 1)
+    "shard_end",  # every env worker closed and the outputs written
+)
 
 
 class DispatchLog:
@@ -24,6 +37,20 @@ class DispatchLog:
         self.requests: list[tuple[float, float, int, bool, int, float]] = []
         self.env_seconds = {"waiting": 0.0, "stepping": 0.0}
         self._env_state: dict[int, tuple[str, float]] = {}
+        self.timeline: dict[str, float | None] = dict.fromkeys(TIMELINE)
+        self.choices: dict[str, dict[str, Any]] = {}  # envs_choice, dispatch_choice
+
+    def mark(self, milestone: str, at: float | None = None) -> bool:
+        """Record `milestone` (one of TIMELINE) at wall time `at` (default: now), once;
+        True the first time."""
+        if self.timeline[milestone] is not None:
+            return False
+        self.timeline[milestone] = time.time() if at is None else at
+        return True
+
+    def wall(self, monotonic: float) -> float:
+        """A monotonic time as wall-clock time."""
+        return monotonic + self._offset
 
     def request(
         self,
@@ -61,12 +88,16 @@ class DispatchLog:
         now = time.monotonic()
         for worker in list(self._env_state):
             self.env(worker, None, now)
+        if self.requests:
+            self.timeline["last_answer"] = max(r[1] for r in self.requests)
         data = {
             **header,
             "started_at": self.started_at,
             "ended_at": time.time(),
             "requests": [list(r) for r in self.requests],
             "env_seconds": self.env_seconds,
+            "timeline": self.timeline,
+            **self.choices,
         }
         path.parent.mkdir(parents=True, exist_ok=True)
         partial = path.with_name(path.name + ".part")

@@ -568,25 +568,27 @@ class EnvWorker:
 
     def kill(self) -> None:
         """Stop at once (the shard is failing: an episode in flight is lost anyway)."""
-        if self.process is None:
-            return
-        if self.process.is_alive():
+        if self.process is not None and self.process.is_alive():
             self.process.kill()
-        self.process.join(timeout=5)
-        self.conn.close()
-        self.process = None
+        self.join(5)
 
-    def stop(self) -> None:
+    def request_close(self) -> None:
+        """Ask the worker to close its env and exit; returns at once (then `join`)."""
+        if self.process is not None and self.process.is_alive():
+            with contextlib.suppress(OSError):  # BrokenPipeError: it is gone already
+                self.conn.send((Command.CLOSE, None))
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to `timeout_s` for the process to exit, kill it after that, forget it."""
         if self.process is None:
             return
-        try:
-            if self.process.is_alive():
-                self.conn.send((Command.CLOSE, None))
-                self.process.join(timeout=10)
-        except (OSError, BrokenPipeError):
-            pass
+        self.process.join(timeout=max(0.0, timeout_s))
         if self.process.is_alive():
             self.process.kill()
             self.process.join(timeout=5)
         self.conn.close()
         self.process = None
+
+    def stop(self) -> None:
+        self.request_close()
+        self.join(10)

@@ -56,6 +56,7 @@ class GpuDevice:
     index: int
     uuid: str
     pci_bus_id: str
+    memory_mib: int | None = None  # memory.total
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,7 @@ class RenderPlan:
 
     description: str
     env: dict[str, str]
+    gpu_memory_mib: int | None = None  # the render GPU's memory (None: no GPU, or unknown)
 
     @property
     def expected(self) -> str | None:
@@ -243,7 +245,9 @@ def plan_render_env(
         "CUDA_VISIBLE_DEVICES": str(device.index),
         EXPECTED_DEVICE_VARIABLE: identity_of(device),
     }
-    return RenderPlan(f"GPU {gpu.index} ({gpu.uuid}) = EGL device {describe_egl(device)}", env)
+    return RenderPlan(
+        f"GPU {gpu.index} ({gpu.uuid}) = EGL device {describe_egl(device)}", env, gpu.memory_mib
+    )
 
 
 def _cpu_plan(mujoco_gl: str, vendor_files: list[str]) -> RenderPlan:
@@ -345,7 +349,11 @@ def query_gpus() -> list[GpuDevice]:
     """The machine's NVIDIA GPUs (all of them, whatever CUDA_VISIBLE_DEVICES says)."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader"],
+            [
+                "nvidia-smi",
+                "--query-gpu=index,uuid,pci.bus_id,memory.total",
+                "--format=csv,noheader,nounits",
+            ],
             capture_output=True,
             text=True,
             check=True,
@@ -358,8 +366,9 @@ def query_gpus() -> list[GpuDevice]:
         ) from exc
     gpus = []
     for line in out.strip().splitlines():
-        index, uuid, bus = (part.strip() for part in line.split(","))
-        gpus.append(GpuDevice(int(index), uuid, normalize_pci_bus_id(bus)))
+        index, uuid, bus, memory = (part.strip() for part in line.split(","))
+        memory_mib = int(memory) if memory.isdigit() else None  # "[N/A]" on some devices
+        gpus.append(GpuDevice(int(index), uuid, normalize_pci_bus_id(bus), memory_mib))
     return gpus
 
 

@@ -68,6 +68,11 @@ class EpisodeScheduler:
         """Every pending episode is finished: none left to hand out, none running."""
         return not self._todo and not self._running
 
+    @property
+    def to_start(self) -> int:
+        """Episodes not handed to a worker yet."""
+        return len(self._todo)
+
     def is_running(self, worker: int) -> bool:
         return worker in self._running
 
@@ -114,14 +119,15 @@ class EpisodeScheduler:
             return None
         return self.start(worker, info.episode, info.attempt + 1)
 
-    def finish(self, worker: int, success: bool) -> Episode | None:
+    def finish(self, worker: int, success: bool, take_next: bool = True) -> Episode | None:
         """`worker`'s episode is over and recorded: count it, report progress, and take the
-        worker's next episode off the to-do list (None: the worker stays idle)."""
+        worker's next episode off the to-do list (None: the worker stays idle; always with
+        `take_next` False, a worker the shard closes)."""
         self.finished_here += 1
         self.done += 1
         self.successes += int(success)
         if self.progress:
             self.progress(self.done, self.total, self.successes)
-        following = self.next_for(worker)
+        following = self.next_for(worker) if take_next else None
         del self._running[worker]
         return following

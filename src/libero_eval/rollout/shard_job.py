@@ -1,14 +1,17 @@
-"""A rollout job as the workflow runs it: wait for the server → run the shard.
+"""A rollout job as the workflow runs it: start the envs while waiting for the server → run.
 
 The job is composed above this layer (`libero_eval.config.RunSettings.rollout_job`, in the
 job's process, once): its shard from plan.csv, where its env workers render, and the shard's
 settings with the built policy adapter, and the fault plan of a fault-injection test
 (`RolloutJob`); every path comes from its rule (`ShardPaths`). A fault plan is carried out
 here, by wrapping the env workers, the policy connections and the episode store the shard
-runs with (`fault_injection`). It follows its parent: when Snakemake (or the Slurm
-job step) dies, even by SIGKILL, the job gets SIGTERM (PR_SET_PDEATHSIG plus a parent-pid
-watchdog), stops its env workers and exits; SIGTERM and Ctrl-C do the same. Finished episodes
-are in the store by then.
+runs with (`fault_injection`). Its env workers start at once and come to their first
+observation while the slot's server loads; the wait for the service file runs beside them
+(`startup`), and a shard whose episodes are all finished needs no server. It follows its
+parent: when Snakemake (or the Slurm job step) dies, even by SIGKILL, the job gets SIGTERM
+(PR_SET_PDEATHSIG plus a parent-pid watchdog), stops its env workers and exits; SIGTERM and
+Ctrl-C do the same, also while it waits for the server. Finished episodes are in the store by
+then.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
+
+import psutil
 
 from libero_eval.eventlog import log_event
 from libero_eval.faults import Faults, InjectedFault
@@ -100,26 +105,29 @@ def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
         )
         connections = faulty_connections(job.faults)
     episodes = list(shard.episodes)
-    url, capacity = "", None
     resume = f"Finished episodes are kept in {paths.store}; rerun the workflow to resume."
+
+    def service() -> tuple[str, dict | None]:  # on the shard's server-wait thread
+        info = wait_for_service(  # polled often: the first request leaves soon after ready
+            paths.service_file,
+            timeout_s=shard_settings.health_timeout_s,
+            poll_s=0.2,
+            log_path=paths.serve_log,
+        )
+        return info["url"], info.get("capacity")
+
     try:
-        if len(store.finished(episodes)) < len(episodes):
-            service = wait_for_service(
-                paths.service_file,
-                timeout_s=shard_settings.health_timeout_s,
-                log_path=paths.serve_log,
-            )
-            url, capacity = service["url"], service.get("capacity")
         run_shard(
             episodes,
             shard_settings,
             store,
-            url,
+            None,
             paths.output,
             dispatch_log=paths.dispatch_log,
-            capacity=capacity,
             env_workers=env_workers,
             connections=connections,
+            wait_for_service=service,
+            job_start=psutil.Process().create_time(),
         )
     except (ShardFailed, ServiceUnavailableError, InjectedFault, DiskFullError) as exc:
         log_event(event_log, f"rollout {shard_name}", f"FAILED: {exc}")
