@@ -491,7 +491,8 @@ class RunSettings:
             merged_batch_size=merged,
             camera_size=self.config["rollout"]["camera_size"],
             privileged_state=self.config["rollout"]["send_privileged_state"],
-            timeout_s=self.failures.request_timeout_s,
+            timeout_s=self.failures.probe_timeout()[0],
+            timeout_setting=self.failures.probe_timeout()[1],
             family_modules=tuple(self.config["policy"]["family_modules"]),
         )
 

@@ -169,16 +169,18 @@ class CapacityProbe:
     """What measuring a slot's server needs, as plain data (it crosses to the serve job as
     JSON): the policy family and its settings (``policy.<family>``, from which the adapter and
     the endpoint are built), the merge limit of one-observation requests, the camera size,
-    whether requests carry privileged state, the client's timeout, and the modules that
-    register a family of the config's own (``policy.family_modules``). Called with the
-    server's URL it returns the capacity entry."""
+    whether requests carry privileged state, the client's timeout and its setting, and the
+    modules that register a family of the config's own (``policy.family_modules``). Called
+    with the server's URL it returns the capacity entry; each of its requests gets one try
+    within the probe's timeout (``FailurePolicy.probe_timeout``)."""
 
     family: str
     policy: Mapping[str, Any]
     merged_batch_size: int
     camera_size: int
     privileged_state: bool
-    timeout_s: float
+    timeout_s: float  # rollout.failures.probe_timeout_s (request_timeout_s when shorter)
+    timeout_setting: str  # the one of the two it is, named when a request times out
     family_modules: tuple[str, ...]  # policy.family_modules: where the family is
 
     def __call__(self, url: str) -> dict[str, Any]:
@@ -186,7 +188,9 @@ class CapacityProbe:
         adapter = make_adapter(self.family, dict(self.policy))
         spec = policy_connection_spec(url, self.family, dict(self.policy))
         return measure_capacity(
-            lambda: connect(spec, timeout_s=self.timeout_s, max_retries=0),
+            lambda: connect(
+                spec, timeout_s=self.timeout_s, max_retries=0, timeout_setting=self.timeout_setting
+            ),
             adapter,
             synthetic_observation(self.camera_size, self.privileged_state),
             self.merged_batch_size,

@@ -59,6 +59,7 @@ from libero_eval.rollout.env_worker import (
 )
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.rollout.scheduler import EpisodeScheduler, RunningEpisode
+from libero_eval.rollout.waiting import WaitingLog
 from libero_eval.store import EpisodeStore, write_results
 from libero_eval.suites import base_suite
 
@@ -326,6 +327,7 @@ class ShardRunner:
         self._parts: dict[int, int] = {}  # batch id -> its requests not yet answered
         self._prompt_of_task: dict[tuple[str, int], Any] = {}  # seen prompts, for siblings
         self._bad_in_a_row = 0  # consecutive unusable policy answers
+        waiting = WaitingLog(self.failures, self.url, s.shard, s.event_log)
         parts = -(-self.server_batch // self.max_batch_size)
         pool = _CallPool(max(1, self.max_inflight * parts), self._call_policy)
         fatal: BaseException | None = None
@@ -341,6 +343,7 @@ class ShardRunner:
                         self._on_env_message(next(w for w in workers if w.conn is ready))
                 self._on_policy_answers()
                 self._send_due(pool)
+                waiting.check(self._sent_at, time.monotonic())
         except BaseException as exc:
             fatal = exc
             raise
@@ -466,13 +469,9 @@ class ShardRunner:
         kind = error.kind if isinstance(error, PolicyClientError) else None
         if kind is None:
             return
-        attempt = 1
-        if kind is FailureKind.BAD_ANSWER:
-            self._bad_in_a_row += 1
-            attempt = self._bad_in_a_row
-        elif kind is FailureKind.TRANSIENT:  # the connection gave up retrying
-            attempt = getattr(error, "attempts", None) or self.failures.attempts_per_request
-        if self.failures.decide(kind, attempt) is not Action.FAIL_SHARD:
+        self._bad_in_a_row += kind is FailureKind.BAD_ANSWER
+        gave_up = kind is FailureKind.TRANSIENT  # its connection asked the policy every try
+        if not gave_up and self.failures.decide(kind, self._bad_in_a_row) is not Action.FAIL_SHARD:
             return
         if kind is FailureKind.BAD_ANSWER:
             raise ShardFailed(
@@ -537,10 +536,9 @@ def run_shard(
     adapter = settings.adapter
     if pending:
         failures = settings.failures or FailurePolicy.defaults()
+        seconds, named = failures.probe_timeout()  # a first look, named as such on timeout
         probe = connect(
-            settings.endpoint.at(server_url),
-            failures,
-            timeout_s=min(failures.probe_timeout_s, failures.request_timeout_s),
+            settings.endpoint.at(server_url), failures, timeout_s=seconds, timeout_setting=named
         )
         try:
             probe.wait_until_healthy(settings.health_timeout_s)
