@@ -28,5 +28,13 @@ rule all:
         get_final_output(),
 
 
+onstart:
+    stop_jobs_on_signal()
+
+
 onsuccess:
     print_summary()
+
+
+onerror:
+    say_if_interrupted()

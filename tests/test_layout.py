@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "failures",
             "published",
             "service",
+            "interrupt",
         ),
     ),
     ("episodes", ("plan", "store")),

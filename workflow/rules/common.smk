@@ -10,6 +10,7 @@ from libero_eval.config import (
     check_family_fields,
     validate_config,
 )
+from libero_eval.interrupt import StopJobsOnSignal
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
 
@@ -167,6 +168,22 @@ def get_capacity_probe(wildcards):
 
 def get_envs_per_shard(wildcards=None):
     return SETTINGS.envs_per_shard
+
+
+STOP = StopJobsOnSignal()
+
+
+def stop_jobs_on_signal():
+    """A TERM or INT to Snakemake alone stops the running jobs now, not after they finish
+    (libero_eval.interrupt). Local runs: on Slurm, Ctrl-C cancels the jobs (scancel)."""
+    if workflow.local_exec:
+        STOP.install()
+
+
+def say_if_interrupted():
+    message = STOP.explain(STORE.root)
+    if message:
+        print(f"\n{message}", file=sys.stderr)
 
 
 def print_summary():
