@@ -260,10 +260,15 @@ def write_summary(
     published: dict | None = None,
     published_metric: str = REPORT["published_metric"],
     published_alpha: float = REPORT["published_alpha"],
+    recorded_settings: dict | None = None,
 ) -> pd.DataFrame:
     """Read shard tables, check them against the plan, write every summary output. With
     `published` (report.published) the Markdown and per_suite.csv also hold the check of
-    each published figure (`libero_eval.published`)."""
+    each published figure (`libero_eval.published`). `recorded_settings` (the run's
+    episode-defining settings, `RunSettings.recorded_settings`) go to `outputs["settings"]`
+    as JSON, for `libero_eval.compare`."""
+    import json
+
     from libero_eval.eventlog import log_event
     from libero_eval.store import read_results, write_frame
 
@@ -274,6 +279,9 @@ def write_summary(
         order = ["suite", "seed", "init_state_id", "task_id"]
         episodes = episodes.sort_values(order, ignore_index=True)
     write_frame(episodes, outputs["episodes"])
+    if "settings" in outputs:
+        with open(outputs["settings"], "w") as handle:
+            json.dump(recorded_settings or {}, handle, indent=2, sort_keys=True)
     per_seed = per_seed_table(episodes, confidence)
     if "per_seed" in outputs:
         per_seed.to_csv(outputs["per_seed"], index=False)

@@ -119,7 +119,12 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from libero_eval.compare import compare_runs, comparison_markdown, load_episodes
+    from libero_eval.compare import (
+        compare_runs,
+        comparison_markdown,
+        load_episodes,
+        recorded_settings,
+    )
 
     baseline_dir = run_dir_of(args.baseline, args.results_dir)
     candidate_dir = run_dir_of(args.candidate, args.results_dir)
@@ -132,6 +137,8 @@ def _compare(args: argparse.Namespace) -> int:
         confidence=args.confidence,
         n_resamples=args.resamples,
         seed=args.seed,
+        settings=(recorded_settings(baseline_dir), recorded_settings(candidate_dir)),
+        allow_different_settings=args.allow_different_settings,
     )
     if args.output_dir:
         from libero_eval.report.comparison import write_comparison
@@ -188,6 +195,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--results-dir", default="results", help="where run ids are looked up")
     compare.add_argument(
         "--output-dir", help="also write comparison.md/html, CSVs and difference.png here"
+    )
+    compare.add_argument(
+        "--allow-different-settings",
+        action="store_true",
+        help="compare runs whose episode-defining settings differ (max_steps, protocol, ...), "
+        "listing each difference as a warning (else they are refused)",
     )
     compare.set_defaults(handler=_compare)
 

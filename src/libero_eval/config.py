@@ -475,6 +475,15 @@ class RunSettings:
         return FailurePolicy.from_config(self.config["rollout"]["failures"])
 
     @cached_property
+    def recorded_settings(self) -> dict[str, Any]:
+        """What a run records of its settings beside its summary (`summary/settings.json`,
+        read back by `libero_eval.compare.recorded_settings`): the rollout fields that define
+        its episodes, all the schema does not mark `x-fingerprint: false`, as the fingerprint
+        takes them."""
+        rollout = settings_schema.without_outcome_neutral(self.config["rollout"], "rollout")
+        return {"rollout": rollout}
+
+    @cached_property
     def capacity_probe(self) -> CapacityProbe:
         """How a serve job measures its server at start (`libero_eval.policy.capacity`): the
         family's adapter settings and endpoint, and how many one-observation requests the
