@@ -29,7 +29,7 @@ rule all:
 
 
 onstart:
-    stop_jobs_on_signal()
+    on_start()
 
 
 onsuccess:

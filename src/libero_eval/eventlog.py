@@ -11,6 +11,11 @@ import os
 import time
 from pathlib import Path
 
+# The source of the line that starts each workflow invocation running rollout jobs: from it
+# `libero-eval status` counts the invocation's elapsed time and its rate.
+WORKFLOW = "workflow"
+STAMP = "%Y-%m-%d %H:%M:%S"
+
 
 def log_event(path: Path | str | None, source: str, message: str) -> None:
     """Append one timestamped milestone line (multi-line messages are indented)."""
@@ -18,13 +23,36 @@ def log_event(path: Path | str | None, source: str, message: str) -> None:
         return
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    stamp = time.strftime(STAMP)
     text = f"{stamp} [{source}] {message.rstrip()}".replace("\n", "\n    ") + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         os.write(fd, text.encode())
     finally:
         os.close(fd)
+
+
+def log_invocation_start(path: Path | str | None, rollout_jobs: int, pid: int) -> None:
+    """The line a workflow invocation that runs rollout jobs starts with."""
+    message = f"started: {rollout_jobs} rollout job(s) to run (snakemake pid {pid})"
+    log_event(path, WORKFLOW, message)
+
+
+def last_invocation_start(path: Path | str) -> float | None:
+    """When the latest invocation logged in `path` started (epoch seconds, to the second);
+    None without such a line (or without the file)."""
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError:
+        return None
+    marker = f" [{WORKFLOW}] started: "
+    for line in reversed(lines):
+        if marker in line:
+            try:
+                return time.mktime(time.strptime(line.split(marker)[0], STAMP))
+            except ValueError:
+                continue
+    return None
 
 
 def episode_line(task_id: int, trial_id: int, success: bool, suite: str, steps: int) -> str:

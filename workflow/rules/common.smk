@@ -1,4 +1,5 @@
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from libero_eval.config import (
     check_family_fields,
     validate_config,
 )
+from libero_eval.eventlog import log_invocation_start
 from libero_eval.interrupt import StopJobsOnSignal
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
@@ -173,9 +175,14 @@ def get_envs_per_shard(wildcards=None):
 STOP = StopJobsOnSignal()
 
 
-def stop_jobs_on_signal():
-    """A TERM or INT to Snakemake alone stops the running jobs now, not after they finish
-    (libero_eval.interrupt). Local runs: on Slurm, Ctrl-C cancels the jobs (scancel)."""
+def on_start():
+    """An invocation that runs rollout jobs says so in the event log (`libero-eval status`
+    counts its elapsed time from that line). A TERM or INT to Snakemake alone stops the
+    running jobs now, not after they finish (libero_eval.interrupt); local runs only: on
+    Slurm, Ctrl-C cancels the jobs (scancel)."""
+    rollouts = [j for j in workflow.dag.needrun_jobs() if getattr(j, "name", "") == "rollout"]
+    if rollouts:
+        log_invocation_start(EVENT_LOG, len(rollouts), os.getpid())
     if workflow.local_exec:
         STOP.install()
 
@@ -187,9 +194,15 @@ def say_if_interrupted():
 
 
 def print_summary():
-    summary = Path(f"results/{RUN}/summary/summary.md")
-    if summary.exists():
-        print(f"\n{summary.read_text()}")
+    """After a successful run, what its targets asked for: the run's summary, and each
+    comparison among them (`snakemake compare` prints only the comparison)."""
+    wanted = {str(f) for job in workflow.dag.targetjobs for f in [*job.input, *job.output]}
+    summary = f"results/{RUN}/summary/summary.md"
+    comparisons = sorted(f for f in wanted if Path(f).name == "comparison.md")
+    shown = [summary] if summary in wanted or not comparisons else []
+    for path in map(Path, shown + comparisons):
+        if path.exists():
+            print(f"\n{path.read_text()}")
 
 
 def slurm_placement(server=False):
