@@ -36,10 +36,13 @@ rule all:
 
 
 onstart:
-    # the run's launch, for the report's "where the wall time went" (libero_eval.timeline)
-    record_launch(EVENT_LOG)
+    on_start()
 
 
 onsuccess:
     record_end(EVENT_LOG)
     print_summary()
+
+
+onerror:
+    say_if_interrupted()

@@ -7,12 +7,14 @@ real HTTP servers on loopback answering garbage, HTTP 500 or too slowly.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -304,6 +306,124 @@ def test_server_answering_garbage_to_every_request_fails_the_shard(tmp_path, bro
     errors = [(store.load(ep) or {}).get("error") or "" for ep in episodes[1:]]
     assert ["bad policy response" in e for e in errors] == [True, True, False]
     assert list(store.finished(episodes)) == [EPISODES[0]]
+
+
+# ----------------------------------------------------------------------------- a hung server
+
+
+class HungServer(BaseHTTPRequestHandler):
+    """/health and the metadata answer; a generation request is held until `hang.release` is
+    set, then rejected (HTTP 400). `hang.frozen`: once a generation request came, /health
+    stops answering too (a server that answers nothing at all)."""
+
+    hang: Hang
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def _send(self, status: int, body: bytes) -> None:
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:
+            pass  # the client gave up
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/actions/metadata":
+            return self._send(200, json.dumps({"capabilities": {"max_batch_size": 8}}).encode())
+        if self.hang.frozen and self.hang.generations:
+            self.hang.release.wait()  # no answer
+            return None
+        return self._send(200, b"{}")
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.hang.generations += 1
+        self.hang.release.wait()
+        self._send(400, b'{"detail": "released by the test"}')
+
+
+@dataclass
+class Hang:
+    frozen: bool = False
+    release: threading.Event = field(default_factory=threading.Event)
+    generations: int = 0
+
+
+@pytest.fixture
+def hung_server(request) -> Iterator[tuple[str, Hang]]:
+    hang = Hang(frozen=request.param)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Handler", (HungServer,), {"hang": hang}))
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}", hang
+    hang.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def release_when_logged(event_log: Path, hang: Hang, seen: list[str]) -> threading.Thread:
+    """A thread that waits for the shard's waiting line in the event log, keeps it in `seen`
+    and lets the held request be answered (at the latest after 300 s: the test then fails)."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not seen:
+            text = event_log.read_text() if event_log.exists() else ""
+            seen.extend(line for line in text.splitlines() if "waiting for policy server" in line)
+            time.sleep(0.05)
+        hang.release.set()
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.libero
+@pytest.mark.parametrize("hung_server", [False], indirect=True)
+def test_a_shard_waiting_for_an_answer_logs_its_age_and_the_settings(tmp_path, hung_server):
+    """A request held at the server (600 s timeout) is logged while it waits, naming its age
+    and the settings that bound it; the finished episode is kept when the shard ends."""
+    url, hang = hung_server
+    failures = {"request_timeout_s": 600, "waiting_log_every_s": 0.2}
+    settings, store = shard_against(tmp_path, url, failures=failures)
+    settings = dataclasses.replace(settings, event_log=tmp_path / "eval_embodiment.log")
+    before = store.path_for(EPISODES[0]).read_bytes()
+    seen: list[str] = []
+    watcher = release_when_logged(settings.event_log, hang, seen)
+    with pytest.raises(ShardFailed, match="rejected with HTTP 400"):
+        run_shard(EPISODES, settings, store, url, tmp_path / "s.parquet", progress=False)
+    watcher.join()
+    assert seen, "no waiting line in the event log"
+    assert f"[rollout shard000] waiting for policy server {url}: 1 request(s) unanswered" in seen[0]
+    assert "rollout.failures.request_timeout_s=600 s" in seen[0]
+    assert "rollout.failures.request_retries=5" in seen[0]
+    assert store.path_for(EPISODES[0]).read_bytes() == before
+
+
+@pytest.mark.libero
+@pytest.mark.parametrize("hung_server", [True], indirect=True)
+def test_a_server_that_answers_nothing_fails_the_shard_after_one_try(tmp_path, hung_server):
+    """Its request times out and /health gets no answer either: the shard fails at once (not
+    after request_retries more timeouts), naming the URL and the settings, and keeps what
+    finished."""
+    url, hang = hung_server
+    failures = {"request_timeout_s": 1, "request_retries": 5, "retry_backoff_s": 0.05}
+    settings, store = shard_against(tmp_path, url, failures=failures)
+    before = store.path_for(EPISODES[0]).read_bytes()
+    with pytest.raises(ShardFailed) as error:
+        run_shard(EPISODES, settings, store, url, tmp_path / "s.parquet", progress=False)
+    message = str(error.value)
+    assert hang.generations == 1
+    assert f"shard000: policy server {url} failed: POST {url}/v1/actions/generations" in message
+    assert "timed out after 1 s (rollout.failures.request_timeout_s" in message
+    assert "Gave up before rollout.failures.request_retries ran out" in message
+    assert f"{url}/health did not answer either" in message
+    assert store.path_for(EPISODES[0]).read_bytes() == before
+    assert list(store.finished(EPISODES)) == [EPISODES[0]]
 
 
 # ----------------------------------------------------------------------------- shard tables

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -16,11 +17,13 @@ from PIL import Image
 
 from libero_eval import cli
 from libero_eval.compare import (
+    SettingsDiffer,
     compare_runs,
     comparison_markdown,
     load_episodes,
     mcnemar_exact,
     paired_bootstrap_ci,
+    recorded_settings,
 )
 from libero_eval.report.comparison import write_comparison
 from libero_eval.store import RESULT_COLUMNS, write_frame
@@ -165,13 +168,84 @@ def test_unmatched_episodes_are_reported_not_dropped_silently():
     baseline = episodes_frame("base", {k: v for k, v in BASELINE.items() if k != (0, 4)})
     comparison = compare_runs(baseline, candidate, "base", "cand")
     assert comparison.overall["n_pairs"] == 9
-    assert comparison.unmatched[["task_id", "init_state_id", "only_in"]].values.tolist() == [
-        [0, 4, "cand"],
-        [2, 0, "cand"],
-    ]
+    unmatched = comparison.unmatched[["task_id", "init_state_id", "seed", "only_in"]]
+    assert unmatched.values.tolist() == [[0, 4, 1140, "cand"], [2, 0, 1140, "cand"]]
     markdown = comparison_markdown(comparison)
     assert "## Unmatched episodes (2)" in markdown
-    assert "| libero_spatial | 2 | 0 | `cand` |" in markdown
+    assert "| suite | task | init state | seed | only in |" in markdown
+    assert "| libero_spatial | 2 | 0 | 1140 | `cand` |" in markdown
+
+
+def test_an_unmatched_episode_of_a_several_seed_run_shows_its_seed():
+    seeds = {"seed": 2}
+    baseline = pd.concat(
+        [
+            episodes_frame("base", BASELINE),
+            episodes_frame("base", BASELINE, dict.fromkeys(BASELINE, seeds)),
+        ]
+    )
+    comparison = compare_runs(baseline, episodes_frame("cand", CANDIDATE), "base", "cand")
+    assert len(comparison.unmatched) == len(BASELINE)  # seed 2: the candidate has none
+    assert set(comparison.unmatched["seed"]) == {2}
+    assert "| libero_spatial | 0 | 0 | 2 | `base` |" in comparison_markdown(comparison)
+
+
+RECORDED = {"rollout": {"protocol": "rlinf", "max_steps": 480, "camera_size": 256}}
+SHORT = {"rollout": {**RECORDED["rollout"], "max_steps": 48}}
+
+
+def test_runs_whose_episode_settings_differ_are_refused_naming_each_difference():
+    baseline, candidate = episodes_frame("base", BASELINE), episodes_frame("cand", CANDIDATE)
+    with pytest.raises(SettingsDiffer) as refused:
+        compare_runs(baseline, candidate, "base", "cand", settings=(RECORDED, SHORT))
+    message = str(refused.value)
+    assert "runs `base` and `cand` are not comparable" in message
+    assert "rollout.max_steps: `base` 480, `cand` 48" in message
+    assert "camera_size" not in message  # equal in both
+    assert "--allow-different-settings" in message
+    assert "compare.allow_different_settings: true" in message
+
+    allowed = compare_runs(
+        baseline,
+        candidate,
+        "base",
+        "cand",
+        settings=(RECORDED, SHORT),
+        allow_different_settings=True,
+    )
+    assert [d.setting for d in allowed.differences] == ["rollout.max_steps"]
+    assert "The runs differ in rollout.max_steps" in allowed.warnings[0]
+    assert "> **Warning.** The runs differ in rollout.max_steps" in comparison_markdown(allowed)
+
+
+def test_episode_rows_are_checked_even_where_no_settings_were_recorded():
+    baseline = episodes_frame("base", BASELINE)
+    other = episodes_frame(
+        "cand", CANDIDATE, dict.fromkeys(CANDIDATE, {"reset_seeding": "reference"})
+    )
+    with pytest.raises(SettingsDiffer, match="rollout.reset_seeding: `base` 'episode', `cand`"):
+        compare_runs(baseline, other, "base", "cand", settings=(None, None))
+    same = compare_runs(
+        baseline, episodes_frame("cand", CANDIDATE), "base", "cand", settings=(RECORDED, None)
+    )
+    assert same.differences == ()
+    assert same.warnings == [
+        "Run `cand` recorded no settings (summary/settings.json or report/provenance.json): "
+        "only the protocol, reset seeding and seed of its episodes were compared."
+    ]
+
+
+def test_recorded_settings_come_from_the_summary_or_an_older_runs_provenance(tmp_path):
+    run = tmp_path / "run"
+    assert recorded_settings(run) is None
+    (run / "report").mkdir(parents=True)
+    config = {"rollout": {"protocol": "cosmos", "max_steps": None, "envs_per_shard": 8}}
+    (run / "report" / "provenance.json").write_text(json.dumps({"config": config}))
+    # outcome-neutral fields (x-fingerprint: false) are left out
+    assert recorded_settings(run) == {"rollout": {"protocol": "cosmos", "max_steps": None}}
+    (run / "summary").mkdir()
+    (run / "summary" / "settings.json").write_text(json.dumps(SHORT))
+    assert recorded_settings(run) == SHORT
 
 
 def test_duplicate_episodes_in_a_run_are_an_error_naming_the_run():
@@ -250,6 +324,21 @@ def test_cli_compare_prints_the_comparison(tmp_path, capsys):
     assert "| 4 | 1 |" in out
 
 
+def test_cli_compare_refuses_runs_with_different_step_limits_unless_allowed(tmp_path, capsys):
+    for run, settings in (("base", RECORDED), ("cand", SHORT)):
+        path = write_run(tmp_path, run, BASELINE if run == "base" else CANDIDATE)
+        (path.parent / "settings.json").write_text(json.dumps(settings))
+    runs = [str(tmp_path / "base"), str(tmp_path / "cand")]
+    assert cli.main(["compare", *runs]) == 2
+    error = capsys.readouterr().err
+    assert "libero-eval compare: error: runs `base` and `cand` are not comparable" in error
+    assert "rollout.max_steps: `base` 480, `cand` 48" in error
+    assert cli.main(["compare", *runs, "--allow-different-settings"]) == 0
+    out, error = capsys.readouterr()
+    assert "WARNING: The runs differ in rollout.max_steps" in error
+    assert out.startswith("# Paired comparison: `cand` vs `base`")
+
+
 def test_cli_compare_of_a_missing_run_fails_with_the_path(tmp_path, capsys):
     write_run(tmp_path, "base", BASELINE)
     code = cli.main(["compare", "base", "gone", "--results-dir", str(tmp_path)])
@@ -282,6 +371,32 @@ def test_compare_rule_writes_the_comparison_and_explains_a_missing_run(tmp_path)
         "unmatched.csv",
     ]
     assert "| **all** | 30.0% (3/10) | 60.0% (6/10)" in (out / "comparison.md").read_text()
+    # `snakemake compare` ends by printing the comparison, not a run's summary
+    assert "# Paired comparison: `cand` vs `base`" in done.stdout
+    assert "# LIBERO evaluation" not in done.stdout
+
+    # runs whose recorded episode settings differ are refused, naming the setting
+    for run, settings in (("base", RECORDED), ("cand", SHORT)):
+        (tmp_path / "results" / run / "summary" / "settings.json").write_text(json.dumps(settings))
+    shutil.rmtree(out)
+    refused = subprocess.run(
+        [*snakemake, "--config", "compare={baseline: base, candidate: cand}"],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    assert refused.returncode != 0
+    assert "rollout.max_steps: `base` 480, `cand` 48" in refused.stdout + refused.stderr
+    assert "compare.allow_different_settings: true" in refused.stdout + refused.stderr
+    overlay = tmp_path / "allow.yaml"  # --config would pass the nested true as a string
+    overlay.write_text(
+        "compare: {baseline: base, candidate: cand, allow_different_settings: true}\n"
+    )
+    allowed = subprocess.run(
+        [*snakemake, "--configfile", str(overlay)], capture_output=True, text=True, env=env
+    )
+    assert allowed.returncode == 0, allowed.stderr[-3000:]
+    assert "> **Warning.** The runs differ in rollout.max_steps" in allowed.stdout
 
     shutil.rmtree(tmp_path / "results" / "cand")
     failed = subprocess.run(

@@ -29,6 +29,7 @@ from libero_eval.rollout.fault_injection import (
     faulty_connections,
     faulty_env_workers,
 )
+from libero_eval.rollout.waiting import WaitingLog
 from libero_eval.store import EpisodeStore
 
 
@@ -48,6 +49,68 @@ def test_the_policy_maps_each_kind_and_attempt_to_one_action():
     ]
 
 
+def test_a_timeout_fails_the_shard_early_when_the_server_answers_nothing_or_times_out_again():
+    policy = FailurePolicy.defaults(request_retries=5, timeouts_in_a_row=3)
+    # the readiness path still answers: retried like any transient failure, up to 3 in a row
+    answering = [policy.decide_timeout(k, True, k) for k in (1, 2, 3)]
+    assert answering == [Action.RETRY_REQUEST, Action.RETRY_REQUEST, Action.FAIL_SHARD]
+    # it does not answer either: the server answers nothing at all, no retry can help
+    assert policy.decide_timeout(1, False, 1) is Action.FAIL_SHARD
+    # retries run out first where they are fewer
+    assert FailurePolicy.defaults(request_retries=0).decide_timeout(1, True, 1) is (
+        Action.FAIL_SHARD
+    )
+
+
+def test_the_longest_wait_and_the_probe_timeout_name_their_settings():
+    policy = FailurePolicy.defaults(
+        request_timeout_s=600, request_retries=5, retry_backoff_s=1.0, timeouts_in_a_row=2
+    )
+    assert policy.longest_wait_s() == 600 + 600 + 1.0  # two timeouts and the backoff between
+    unbounded = FailurePolicy.defaults(request_retries=5, timeouts_in_a_row=6)
+    assert unbounded.longest_wait_s() == 6 * 600 + (1 + 2 + 3 + 4 + 5) * 1.0  # about 61 min
+    assert FailurePolicy.defaults(probe_timeout_s=30).probe_timeout() == (
+        30,
+        "rollout.failures.probe_timeout_s",
+    )
+    assert FailurePolicy.defaults(request_timeout_s=5, probe_timeout_s=30).probe_timeout() == (
+        5,
+        "rollout.failures.request_timeout_s",
+    )
+
+
+def test_a_shard_waiting_for_an_answer_says_so_at_a_steady_pace(tmp_path, capsys):
+    """The age of the oldest unanswered request and every setting that bounds the wait, to
+    the shard's log and the event log, once it is `waiting_log_every_s` old and every
+    `waiting_log_every_s` after (times given, no clock)."""
+    policy = FailurePolicy.defaults(
+        waiting_log_every_s=30, request_timeout_s=600, request_retries=5, timeouts_in_a_row=2
+    )
+    event_log = tmp_path / "eval_embodiment.log"
+    waiting = WaitingLog(policy, "http://127.0.0.1:30000", "shard000", event_log)
+    assert waiting.check({}, 100.0) is None
+    assert waiting.check({7: 100.0}, 129.0) is None  # younger than the pace
+    line = waiting.check({7: 100.0, 8: 120.0}, 131.0)
+    assert line is not None
+    assert "waiting for policy server http://127.0.0.1:30000: 2 request(s) unanswered" in line
+    assert "the oldest sent 31 s ago" in line
+    for setting in (
+        "rollout.failures.request_timeout_s=600 s",
+        "rollout.failures.request_retries=5",
+        "rollout.failures.timeouts_in_a_row=2",
+        "rollout.failures.waiting_log_every_s",
+    ):
+        assert setting in line
+    assert "gives up on it after at most 1201 s" in line
+    assert waiting.check({7: 100.0}, 150.0) is None  # said 19 s ago
+    assert "the oldest sent 61 s ago" in (waiting.check({7: 100.0}, 161.0) or "")
+    assert waiting.check({}, 162.0) is None  # answered: quiet until a request is old again
+    assert waiting.check({9: 162.0}, 170.0) is None
+    said = [x for x in event_log.read_text().splitlines() if "[rollout shard000] waiting" in x]
+    assert len(said) == 2
+    assert capsys.readouterr().err.count("[shard000] waiting for policy server") == 2
+
+
 def test_the_knobs_and_their_defaults_are_the_schemas_and_outcome_neutral():
     defaults = settings_schema.defaults("rollout", "failures")
     assert FailurePolicy.defaults() == FailurePolicy(**defaults)
@@ -62,6 +125,8 @@ def test_the_knobs_and_their_defaults_are_the_schemas_and_outcome_neutral():
         ("episode_attempts", 0, "rollout.failures.episode_attempts must be an int >= 1"),
         ("bad_answers_in_a_row", 1.5, "rollout.failures.bad_answers_in_a_row must be an int"),
         ("retry_backoff_s", -1, "rollout.failures.retry_backoff_s must be a number >= 0"),
+        ("timeouts_in_a_row", 0, "rollout.failures.timeouts_in_a_row must be an int >= 1"),
+        ("waiting_log_every_s", 0, "rollout.failures.waiting_log_every_s must be a number > 0"),
     ],
 )
 def test_bad_knobs_are_named_with_the_field(field, value, message):

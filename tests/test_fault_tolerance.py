@@ -323,13 +323,19 @@ def test_kill_9_leaves_no_process_and_rerun_incomplete_resumes(
 
 @pytest.mark.parametrize(
     ("exit_path", "signum", "group"),
-    [("Ctrl-C", signal.SIGINT, True), ("SIGTERM", signal.SIGTERM, False)],
+    [
+        ("Ctrl-C", signal.SIGINT, True),
+        ("SIGTERM", signal.SIGTERM, False),
+        ("SIGINT", signal.SIGINT, False),
+    ],
 )
-def test_interrupted_run_leaves_no_process_and_resumes(
+def test_interrupted_run_stops_at_once_leaves_no_process_and_resumes(
     tmp_path, baseline, report, exit_path, signum, group
 ):
-    """Ctrl-C reaches snakemake's whole process group (as a terminal sends it); SIGTERM only
-    snakemake, which then lets the running jobs finish before it exits."""
+    """Ctrl-C reaches snakemake's whole process group (as a terminal sends it); a SIGTERM or
+    SIGINT to snakemake alone (kill, a batch system, a parent script) is passed on to its jobs
+    (libero_eval.interrupt). Either way the shard stops at once: no episode starts after the
+    signal, only those in flight may finish, and the run says it was interrupted."""
     workdir = make_workdir(tmp_path / "wd")
     run_id = f"ft_{exit_path.lower().replace('-', '')}"
     configfile = write_config(workdir, run_id)
@@ -340,9 +346,15 @@ def test_interrupted_run_leaves_no_process_and_resumes(
     else:
         run.proc.send_signal(signum)
     before = store_records(workdir, run_id)
-    run.wait()
+    assert run.wait() != 0
     assert_no_orphans(run)
     during = store_records(workdir, run_id)
+    envs = 2  # write_config's rollout.envs_per_shard: the episodes in flight at the signal
+    assert len(during) <= len(before) + envs < NUM_EPISODES, "the shard ran on"
+    name = signal.Signals(signum).name
+    assert f"Interrupted by {name}, not failed" in run.stdout
+    shard_log = (workdir / f"logs/{run_id}/rollout/shard000.log").read_text()
+    assert "stopped (interrupted, not failed): received" in shard_log
 
     _, equal = finish_and_compare(workdir, configfile, run_id, baseline)
     after = store_records(workdir, run_id)

@@ -13,6 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
+from libero_eval.config import RunSettings
+from libero_eval.failures import FailurePolicy
 from libero_eval.policy import codec
 from libero_eval.policy.http_connection import (
     HttpConnection,
@@ -173,12 +175,74 @@ def test_transient_5xx_recovers_and_reports_attempts_and_latency(server):
 
 def test_timeouts_are_retried_then_raised(server):
     server.replies[GENERATIONS] = [Reply(delay_s=0.6)]
+    server.replies["/health"] = [json_reply({})]  # the server still answers its health path
     client = HttpConnection(server.url, timeout_s=0.15, max_retries=1, retry_backoff_s=0.01)
     started = time.monotonic()
     with pytest.raises(PolicyServerUnavailable, match=r"2 attempt\(s\).*timed out after 0.15 s"):
         client.infer(PAYLOAD)
     assert len(server.requests_to(GENERATIONS)) == 2
     assert time.monotonic() - started < 1.5
+
+
+def test_a_server_that_answers_nothing_at_all_is_given_up_after_one_try(server):
+    """A request that times out while /health gets no answer either: no retry can help, so
+    the connection gives up at once instead of waiting request_timeout_s per retry."""
+    server.replies[GENERATIONS] = [Reply(delay_s=3)]
+    server.replies["/health"] = [Reply(delay_s=3)]
+    failures = FailurePolicy.defaults(request_timeout_s=0.2, request_retries=5)
+    client = HttpConnection(server.url, failures, retry_backoff_s=0.01)
+    with pytest.raises(PolicyServerUnavailable) as info:
+        client.infer(PAYLOAD)
+    assert len(server.requests_to(GENERATIONS)) == 1
+    message = str(info.value)
+    assert f"POST {server.url}{GENERATIONS} failed after 1 attempt(s)" in message
+    assert "timed out after 0.2 s (rollout.failures.request_timeout_s" in message
+    assert "Gave up before rollout.failures.request_retries ran out" in message
+    assert f"{server.url}/health did not answer either" in message
+
+
+def test_a_server_that_never_finishes_a_request_is_given_up_after_timeouts_in_a_row(server):
+    server.replies[GENERATIONS] = [Reply(delay_s=3)]
+    server.replies["/health"] = [json_reply({})]
+    failures = FailurePolicy.defaults(request_timeout_s=0.2, request_retries=5, timeouts_in_a_row=3)
+    client = HttpConnection(server.url, failures, retry_backoff_s=0.01)
+    with pytest.raises(PolicyServerUnavailable) as info:
+        client.infer(PAYLOAD)
+    assert len(server.requests_to(GENERATIONS)) == 3
+    message = str(info.value)
+    assert "failed after 3 attempt(s)" in message
+    assert "3 tries in a row got no answer within 0.2 s" in message
+    assert "rollout.failures.timeouts_in_a_row=3" in message and "/health answers" in message
+
+
+def test_a_timeout_and_an_answer_between_start_the_count_again(server):
+    """Timeouts count in a row: a refused or failed try between them is not one."""
+    server.replies[GENERATIONS] = [
+        Reply(delay_s=3),
+        json_reply({"detail": "busy"}, status=503),
+        Reply(delay_s=3),
+        json_reply({"id": "act_1", "data": []}),
+    ]
+    server.replies["/health"] = [json_reply({})]
+    failures = FailurePolicy.defaults(request_timeout_s=0.2, request_retries=5, timeouts_in_a_row=2)
+    client = HttpConnection(server.url, failures, wire_format="json", retry_backoff_s=0.01)
+    assert client.infer(PAYLOAD) == {"id": "act_1", "data": []}
+    assert client.last_attempts == 4
+
+
+def test_the_capacity_probe_honours_probe_timeout_s_not_the_request_timeout(server, default_config):
+    """The serve job's probe of a server that hangs ends after one try of probe_timeout_s
+    (not request_timeout_s, 600 s by default), and its error names that setting."""
+    default_config["rollout"]["failures"].update(probe_timeout_s=0.2, request_timeout_s=600)
+    probe = RunSettings(default_config).capacity_probe
+    assert (probe.timeout_s, probe.timeout_setting) == (0.2, "rollout.failures.probe_timeout_s")
+    server.replies["/v1/actions/metadata"] = [json_reply({"capabilities": {"max_batch_size": 1}})]
+    server.replies["/health"] = [json_reply({})]
+    server.replies[GENERATIONS] = [Reply(delay_s=3)]
+    with pytest.raises(PolicyServerUnavailable) as info:
+        probe(server.url)
+    assert "timed out after 0.2 s (rollout.failures.probe_timeout_s" in str(info.value)
+    assert len(server.requests_to(GENERATIONS)) == 1
 
 
 def test_connection_refused_is_retried_then_raised():

@@ -176,6 +176,10 @@ def test_cli_writes_markdown_csv_and_html(results, tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| cosmos_a | ok | cosmos3 |" in printed and "libero-eval compare" in printed
     assert len(pd.read_csv(out / "leaderboard.csv")) == 4
+    # obs/s, then their share of the servers' capacity as a percent (0.8 -> 80.0%), not 0.80
+    header = next(x for x in printed.splitlines() if x.startswith("| run |"))
+    assert header.endswith("| obs/s | % of capacity |")
+    assert "| 3.50 | 80.0% |" in printed
     assert cli_main(["leaderboard", str(tmp_path / "nowhere")]) == 2
     assert "no such directory" in capsys.readouterr().err
 

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 import imageio.v3 as iio
@@ -15,13 +16,15 @@ import numpy as np
 import pandas as pd
 import pytest
 from conftest import make_record
+from docutils.core import publish_parts
 from PIL import Image
 
 from libero_eval import report
-from libero_eval.aggregate import success_tables, wilson_interval
+from libero_eval.aggregate import steps_note, success_tables, wilson_interval
 from libero_eval.cli import main as cli_main
 from libero_eval.cli import run_status
 from libero_eval.config import RunSettings
+from libero_eval.eventlog import STAMP, last_invocation_start, log_launch
 from libero_eval.plan import Episode, make_shards, plan_episodes, plan_table
 from libero_eval.store import RESULT_COLUMNS, EpisodeStore, write_frame
 
@@ -348,11 +351,39 @@ def test_status_reads_the_live_fingerprint_while_the_run_goes_on(running_run):
     status = run_status(running_run, now=1_600.0)
     assert status.fingerprint == "bbbbbbbbbbbb"
     assert (status.planned, status.done, status.successes, status.errors) == (8, 3, 1, 1)
-    # started at 1100 - 100 = 1000; 600 s for 3 episodes, so 1000 s for the other 5
+    # no invocation line in the event log: from its first record, started at 1100 - 100 = 1000;
+    # 600 s for 3 episodes, so 1000 s for the other 5
     assert status.line() == (
         "live: 3/8 episodes (37.5%), success_once 1/3 (33.3%), errors 1, "
-        "elapsed 0:10:00, ETA 0:16:40"
+        "elapsed 0:10:00 since the first episode, ETA 0:16:40"
     )
+
+
+def test_status_of_a_resumed_run_counts_from_this_invocations_start(running_run):
+    """A rerun resumes: elapsed time and ETA count from the latest invocation's line in the
+    event log and the episodes finished since, not from the run's first episode ever."""
+    event_log = running_run.parents[1] / "logs" / "live" / "eval_embodiment.log"
+    event_log.parent.mkdir(parents=True)
+    lines = [  # an earlier invocation, then the latest, as the workflow's onstart logs them
+        f"{time.strftime(STAMP, time.localtime(start + 2))} [workflow] workflow launch: "
+        f"snakemake (pid {pid}) started 2.0 s before its first job (epoch {start:.2f}); "
+        "1 rollout job(s) to run\n"
+        for start, pid in ((900, 11), (1_150, 12))
+    ]
+    event_log.write_text(lines[0] + "2026-01-01 00:00:00 [rollout shard000] ...\n" + lines[1])
+    status = run_status(running_run, now=1_600.0)
+    assert (status.since, status.done_since) == ("invocation", 2)  # finished at 1200, 1300
+    # 450 s since 1150 for 2 episodes: 1125 s for the other 5
+    assert status.line() == (
+        "live: 3/8 episodes (37.5%), success_once 1/3 (33.3%), errors 1, "
+        "elapsed 0:07:30 this invocation (2 episodes in it), ETA 0:18:45"
+    )
+
+
+def test_the_invocation_line_the_workflow_writes_is_the_one_status_reads(tmp_path):
+    log_launch(tmp_path / "eval_embodiment.log", 1234.5, 4321, 2)
+    assert last_invocation_start(tmp_path / "eval_embodiment.log") == 1234.5
+    assert last_invocation_start(tmp_path / "missing.log") is None
 
 
 def test_status_of_a_finished_run_reports_its_duration(running_run):
@@ -360,7 +391,8 @@ def test_status_of_a_finished_run_reports_its_duration(running_run):
     for episode in plan_episodes(["libero_spatial"], [0, 1], None, 4)[3:]:
         live.write(episode, record_for(episode, True, 1_900.0))
     assert run_status(running_run, now=99_999.0).line() == (
-        "live: 8/8 episodes (100.0%), success_once 6/8 (75.0%), errors 1, elapsed 0:15:00, ETA done"
+        "live: 8/8 episodes (100.0%), success_once 6/8 (75.0%), errors 1, "
+        "elapsed 0:15:00 since the first episode, ETA done"
     )
 
 
@@ -380,3 +412,41 @@ def test_status_command_prints_one_line_and_explains_a_missing_plan(running_run,
     assert out.count("\n") == 1 and out.startswith("live: 3/8 episodes")
     assert cli_main(["status", str(tmp_path / "nothing")]) == 2
     assert "nothing/plan.csv does not exist" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("protocol", "max_steps", "says"),
+    [
+        ("rlinf", 100, ["up to the limit rollout.max_steps = 100", "not counted", "whole action"]),
+        ("openpi", None, ["counts the 10 settle steps", "on top of them", "stops at its first"]),
+        ("cosmos", None, ["counts the 10 settle steps after reset and the policy's actions, up"]),
+        ("lerobot", 300, ["the 10 settle steps after reset are not counted"]),
+    ],
+)
+def test_the_summary_says_how_steps_count_and_where_chunks_run_past_the_limit(
+    protocol, max_steps, says
+):
+    note = steps_note([protocol, protocol], max_steps)
+    assert note.startswith(f"**Steps** ({protocol} protocol): `steps` counts")
+    for words in says:
+        assert words in note
+    assert ("mean steps can exceed the limit" in note) is (protocol == "rlinf")
+    assert steps_note(["a protocol no longer known"]) == ""
+
+
+def test_the_reports_first_screen_is_the_success_table_with_the_steps_note():
+    table = success_tables(
+        pd.DataFrame(
+            [
+                make_record(task_id=t, init_state_id=i, success_once=i == 0, steps=112)
+                for t in (0, 1)
+                for i in (0, 1)
+            ]
+        )
+    )
+    rst = report.success_overview_rst(table, "demo", steps=steps_note(["rlinf"], 100))
+    body = publish_parts(rst, writer="html")["html_body"]
+    assert '<h1 class="title">Result of run <tt class="docutils literal">demo</tt></h1>' in body
+    assert "<td>libero_spatial</td>\n<td>50.0% [15.0, 85.0]</td>" in body
+    assert "<td>all</td>" in body and "<td>112</td>" in body
+    assert "mean steps can exceed the limit" in body

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from conftest import workflow_dir
 
+from libero_eval.cli import run_status
 from libero_eval.service import capacity_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -88,7 +89,7 @@ SERVER_START_S = 30.0
 
 @pytest.fixture
 def short_run(tmp_path):
-    """A 2-task x 2-init-state evaluation with 32-step episodes under its own run id, against
+    """A 2-task x 2-init-state evaluation with 48-step episodes under its own run id, against
     a server that takes SERVER_START_S to start."""
     run_id = f"pytest_e2e_{tmp_path.name}"
     configfile = tmp_path / "config.yaml"
@@ -98,7 +99,8 @@ def short_run(tmp_path):
                 "run_id": run_id,
                 "plan": {"task_ids": [0, 1], "num_trials_per_task": 2},
                 "server": {"reference": {"policy": "hold", "startup_delay_s": SERVER_START_S}},
-                "rollout": {"send_privileged_state": False, "max_steps": 32},
+                # 40: not a whole number of 16-action chunks (rlinf runs whole chunks)
+                "rollout": {"send_privileged_state": False, "max_steps": 40},
             }
         )
     )
@@ -121,8 +123,8 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do_and_bad_records_rerun(wor
         (1, 1),
     }
     assert episodes["error"].isna().all(), episodes["error"].tolist()
-    assert (episodes["steps"] == 32).all()
-    assert (episodes["policy_calls"] == 2).all()
+    assert (episodes["steps"] == 48).all()  # max_steps 40 in whole chunks of 16
+    assert (episodes["policy_calls"] == 3).all()
     assert episodes["task_language"].str.startswith("pick up the black bowl").all()
     assert (episodes["protocol"] == "rlinf").all()
     assert episodes["server_url"].str.startswith("http://127.0.0.1:").all()
@@ -131,6 +133,10 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do_and_bad_records_rerun(wor
     summary = (results / "summary" / "summary.md").read_text()
     assert "| libero_spatial | (suite) | 0.0% [0.0, 49.0]" in summary
     assert "| libero_spatial | (suite)" in first.stdout
+    # ... and says why mean steps (48) exceed rollout.max_steps (40)
+    assert "| 4 | 0 | 48 |" in summary
+    assert "up to the limit rollout.max_steps = 40" in summary
+    assert "Episodes run whole action chunks" in summary
     per_task = pd.read_csv(results / "summary" / "per_task.csv")
     assert per_task["num_trajectories"].tolist() == [2, 2]
     # ... and where the wall time went, from the workflow's launch (its onstart line)
@@ -142,6 +148,7 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do_and_bad_records_rerun(wor
     # Milestones in the seed's order.
     log = (workdir / "logs" / run_id / "eval_embodiment.log").read_text()
     order = [
+        log.index("[workflow] workflow launch: "),
         log.index("server launch"),
         log.index("[serve slot=0] capacity: batch 1 in"),  # measured before it is ready
         log.index("server ready"),
@@ -179,10 +186,27 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do_and_bad_records_rerun(wor
     time.sleep(1)
     assert first.survivors() == []
 
+    # `libero-eval status` times the invocation from its line in the event log.
+    status = run_status(results)
+    assert (status.since, status.done_since, status.eta_s) == ("invocation", 4, 0.0)
+    assert "this invocation (4 episodes in it), ETA done" in status.line()
+
     # Running the same command again does no work.
     second = run_workflow(workdir, configfile)
     assert second.returncode == 0, second.stderr[-3000:]
     assert "Nothing to be done" in second.stdout + second.stderr
+
+    # The report's first screen (the workflow description beside the job graph) shows the
+    # success table and how steps count.
+    report = workdir / "report.html"
+    made = run_workflow(workdir, configfile, "--report", str(report))
+    assert made.returncode == 0, made.stderr[-3000:]
+    found = re.search(r"var workflow_desc = (.*?);\n", report.read_text())
+    assert found, "report.html has no workflow description"
+    landing = json.loads(found.group(1))
+    assert f'Result of run <tt class="docutils literal">{run_id}</tt>' in landing
+    assert "<td>libero_spatial</td>\n<td>0.0% [0.0, 49.0]</td>" in landing
+    assert "Episodes run whole action chunks" in landing
 
     rerun_bad_records(workdir, configfile, results, episodes)
 

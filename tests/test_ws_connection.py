@@ -138,3 +138,28 @@ def test_a_server_that_stays_gone_fails_with_the_fix():
 def test_bad_urls_are_refused():
     with pytest.raises(ValueError, match="http://HOST:PORT"):
         WebsocketConnection("127.0.0.1:8000")
+
+
+def test_a_websocket_server_that_answers_nothing_is_given_up_after_one_try():
+    """No answer within the timeout and no 200 from the health path either (a bare websocket
+    server answers plain HTTP with an upgrade error): the server answers nothing at all."""
+    held = threading.Event()
+    requests: list[dict] = []
+
+    def never_answer(ws: ServerConnection, request: dict) -> None:
+        requests.append(request)
+        held.wait(5)
+
+    with (
+        ws_server(never_answer) as url,
+        WebsocketConnection(url, timeout_s=0.3, max_retries=5, sleep=lambda _s: None) as client,
+        pytest.raises(PolicyServerUnavailable) as info,
+    ):
+        try:
+            client.infer({"step": 0})
+        finally:
+            held.set()
+    message = str(info.value)
+    assert len(requests) == 1 and client.last_attempts == 1
+    assert "no answer within 0.3 s (rollout.failures.request_timeout_s)" in message
+    assert f"{url}/health did not answer either" in message

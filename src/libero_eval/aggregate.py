@@ -8,12 +8,14 @@ that ended with an error count as failures and are listed separately.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import pandas as pd
 from scipy.stats import norm
 
 from libero_eval import settings_schema
 from libero_eval.published import published_checks, published_markdown
+from libero_eval.rollout.protocols import get_protocol
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
@@ -96,6 +98,51 @@ def _pct(value: float, low: float, high: float, decimals: int) -> str:
     return f"{100 * value:.{decimals}f}% [{100 * low:.{decimals}f}, {100 * high:.{decimals}f}]"
 
 
+def steps_note(protocols: Iterable[str], max_steps: int | None = None) -> str:
+    """How the `steps` of the run's episodes count, per episode protocol
+    (`libero_eval.rollout.protocols`; `max_steps`: rollout.max_steps, the override of every
+    suite's limit): which settle steps are in it, whether episodes stop at success, and where
+    episodes run whole action chunks (`run_whole_chunks`), that they may end past the limit."""
+    notes = []
+    for name in sorted(set(protocols)):
+        try:
+            protocol = get_protocol(name, max_steps)
+        except ValueError:
+            continue  # a protocol this package no longer has: nothing to say of it
+        limit = (
+            f"the limit rollout.max_steps = {max_steps}"
+            if max_steps is not None
+            else "the suite's step limit (docs/protocols.md)"
+        )
+        settle = protocol.settle_steps
+        text = f"**Steps** ({name} protocol): `steps` counts "
+        if settle and protocol.count_settle_steps and protocol.settle_within_limit:
+            text += f"the {settle} settle steps after reset and the policy's actions, up to {limit}"
+        elif settle and protocol.count_settle_steps:
+            text += (
+                f"the {settle} settle steps after reset and the policy's actions, which go up "
+                f"to {limit} on top of them"
+            )
+        else:
+            text += f"the policy's actions, up to {limit}"
+            if settle:
+                text += f"; the {settle} settle steps after reset are not counted"
+        text += (
+            "; an episode stops at its first success."
+            if protocol.stop_at_success
+            else "; every episode runs to the limit (success_once: success at any step, "
+            "success_at_end: at the last)."
+        )
+        if protocol.run_whole_chunks:
+            text += (
+                " Episodes run whole action chunks: the limit is checked between chunks, as "
+                "the reference does, so an episode can run up to one chunk past it, and mean "
+                "steps can exceed the limit (e.g. a limit of 100 with chunks of 16 runs 112)."
+            )
+        notes.append(text + "\n")
+    return "\n".join(notes)
+
+
 def markdown_summary(
     table: pd.DataFrame,
     run_id: str,
@@ -104,10 +151,11 @@ def markdown_summary(
     published: pd.DataFrame | None = None,
     alpha: float = REPORT["published_alpha"],
     seeds_section: str = "",
+    steps_section: str = "",
 ) -> str:
-    """A Markdown report: suites and overall first, then the seeds (`seeds_markdown`, several
-    seeds only), measured against published (when `published`, from
-    `libero_eval.published.published_checks`, has rows), then every task."""
+    """A Markdown report: suites and overall first, with how steps count (`steps_note`), then
+    the seeds (`seeds_markdown`, several seeds only), measured against published (when
+    `published`, from `libero_eval.published.published_checks`, has rows), then every task."""
     level = f"{round(confidence * 100)}%"
     header = (
         f"| suite | task | success_once ({level} CI) | success_at_end ({level} CI) "
@@ -125,6 +173,8 @@ def markdown_summary(
     parts = [f"# LIBERO evaluation `{run_id}`\n\n## Suites\n\n", header]
     for _, row in table[table["level"].isin(["suite", "overall"])].iterrows():
         parts.append(line(row, "all" if row["level"] == "overall" else "(suite)"))
+    if steps_section:
+        parts.append("\n" + steps_section)
     if seeds_section:
         parts.append("\n" + seeds_section)
     if published is not None and len(published):
@@ -260,10 +310,15 @@ def write_summary(
     published: dict | None = None,
     published_metric: str = REPORT["published_metric"],
     published_alpha: float = REPORT["published_alpha"],
+    recorded_settings: dict | None = None,
 ) -> pd.DataFrame:
     """Read shard tables, check them against the plan, write every summary output. With
     `published` (report.published) the Markdown and per_suite.csv also hold the check of
-    each published figure (`libero_eval.published`)."""
+    each published figure (`libero_eval.published`). `recorded_settings` (the run's
+    episode-defining settings, `RunSettings.recorded_settings`) go to `outputs["settings"]`
+    as JSON, for `libero_eval.compare`."""
+    import json
+
     from libero_eval.eventlog import log_event
     from libero_eval.store import read_results, write_frame
 
@@ -274,6 +329,9 @@ def write_summary(
         order = ["suite", "seed", "init_state_id", "task_id"]
         episodes = episodes.sort_values(order, ignore_index=True)
     write_frame(episodes, outputs["episodes"])
+    if "settings" in outputs:
+        with open(outputs["settings"], "w") as handle:
+            json.dump(recorded_settings or {}, handle, indent=2, sort_keys=True)
     per_seed = per_seed_table(episodes, confidence)
     if "per_seed" in outputs:
         per_seed.to_csv(outputs["per_seed"], index=False)
@@ -286,8 +344,16 @@ def write_summary(
         per_suite = per_suite.merge(_published_columns(checks), on="suite", how="left")
     per_suite.to_csv(outputs["per_suite"], index=False)
     seeds_section = seeds_markdown(table, per_seed, confidence, decimals)
+    max_steps = ((recorded_settings or {}).get("rollout") or {}).get("max_steps")
     markdown = markdown_summary(
-        table, run_id, confidence, decimals, checks, published_alpha, seeds_section
+        table,
+        run_id,
+        confidence,
+        decimals,
+        checks,
+        published_alpha,
+        seeds_section,
+        steps_note(episodes["protocol"].dropna().unique(), max_steps),
     )
     with open(outputs["markdown"], "w") as handle:
         handle.write(markdown)

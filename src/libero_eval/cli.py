@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from libero_eval.eventlog import last_invocation_start
 from libero_eval.plan import Episode, episodes_from_table
 from libero_eval.store import EpisodeStore
 
@@ -40,6 +41,10 @@ class RunStatus:
     elapsed_s: float | None
     eta_s: float | None
     fingerprint: str | None
+    # what elapsed_s counts from: "invocation" (the latest workflow invocation's start, in
+    # the event log) or "first episode" (no such line: the oldest record's start)
+    since: str = "invocation"
+    done_since: int = 0  # episodes finished since then: the rate behind the ETA
 
     def line(self) -> str:
         def pct(part: int, whole: int) -> str:
@@ -49,10 +54,15 @@ class RunStatus:
             return "-" if seconds is None else str(datetime.timedelta(seconds=round(seconds)))
 
         eta = "done" if self.done == self.planned and self.planned else clock(self.eta_s)
+        elapsed = clock(self.elapsed_s)
+        if self.elapsed_s is not None and self.since == "invocation":
+            elapsed += f" this invocation ({self.done_since} episodes in it)"
+        elif self.elapsed_s is not None:
+            elapsed += " since the first episode"
         return (
             f"{self.run_id}: {self.done}/{self.planned} episodes ({pct(self.done, self.planned)}), "
             f"success_once {self.successes}/{self.done} ({pct(self.successes, self.done)}), "
-            f"errors {self.errors}, elapsed {clock(self.elapsed_s)}, ETA {eta}"
+            f"errors {self.errors}, elapsed {elapsed}, ETA {eta}"
         )
 
 
@@ -81,22 +91,39 @@ def _newest_store(run_dir: Path, episodes: list[Episode]) -> EpisodeStore | None
     return newest[1] if newest else None
 
 
-def run_status(run: str | Path, now: float | None = None) -> RunStatus:
-    """Progress of `run` (results/<run_id> or its id), read while the evaluation may run."""
+def event_log_of(run_dir: Path) -> Path:
+    """`logs/<run>/eval_embodiment.log` beside `results/<run>` (both under the workflow's
+    working directory)."""
+    return run_dir.resolve().parent.parent / "logs" / run_dir.name / "eval_embodiment.log"
+
+
+def run_status(
+    run: str | Path, now: float | None = None, event_log: str | Path | None = None
+) -> RunStatus:
+    """Progress of `run` (results/<run_id> or its id), read while the evaluation may run.
+
+    Elapsed time and ETA count from the start of the latest workflow invocation (its line in
+    `event_log`, by default `event_log_of(run_dir)`) and the episodes finished since: a rerun
+    that resumes is timed on its own, not from the run's first episode ever. Without that line
+    they count from the oldest record's start."""
     run_dir = run_dir_of(run)
     episodes = _planned_episodes(run_dir)
     store = _newest_store(run_dir, episodes)
     records = [r for r in map(store.load, episodes) if r is not None] if store else []
     now = time.time() if now is None else now
+    invocation = last_invocation_start(event_log or event_log_of(run_dir))
     elapsed = eta = None
-    if records:
-        started = min(r["finished_at"] - r["wall_time_s"] for r in records)
-        remaining = len(episodes) - len(records)
+    since = "invocation" if invocation is not None else "first episode"
+    if invocation is None and records:
+        invocation = min(r["finished_at"] - r["wall_time_s"] for r in records)
+    recent = [r for r in records if invocation is not None and r["finished_at"] >= invocation]
+    remaining = len(episodes) - len(records)
+    if invocation is not None and (recent or remaining):
         if remaining:
-            elapsed = max(now - started, 0.0)
-        else:  # finished: the time the run took, not the time since it started
-            elapsed = max(r["finished_at"] for r in records) - started
-        eta = elapsed / len(records) * remaining
+            elapsed = max(now - invocation, 0.0)
+        else:  # finished: the time the invocation took, not the time since it started
+            elapsed = max(r["finished_at"] for r in recent) - invocation
+        eta = elapsed / len(recent) * remaining if recent else None
     return RunStatus(
         run_id=run_dir.name,
         planned=len(episodes),
@@ -106,6 +133,8 @@ def run_status(run: str | Path, now: float | None = None) -> RunStatus:
         elapsed_s=elapsed,
         eta_s=eta,
         fingerprint=store.root.name if store else None,
+        since=since,
+        done_since=len(recent),
     )
 
 
@@ -119,7 +148,12 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from libero_eval.compare import compare_runs, comparison_markdown, load_episodes
+    from libero_eval.compare import (
+        compare_runs,
+        comparison_markdown,
+        load_episodes,
+        recorded_settings,
+    )
 
     baseline_dir = run_dir_of(args.baseline, args.results_dir)
     candidate_dir = run_dir_of(args.candidate, args.results_dir)
@@ -132,6 +166,8 @@ def _compare(args: argparse.Namespace) -> int:
         confidence=args.confidence,
         n_resamples=args.resamples,
         seed=args.seed,
+        settings=(recorded_settings(baseline_dir), recorded_settings(candidate_dir)),
+        allow_different_settings=args.allow_different_settings,
     )
     if args.output_dir:
         from libero_eval.report.comparison import write_comparison
@@ -188,6 +224,12 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--results-dir", default="results", help="where run ids are looked up")
     compare.add_argument(
         "--output-dir", help="also write comparison.md/html, CSVs and difference.png here"
+    )
+    compare.add_argument(
+        "--allow-different-settings",
+        action="store_true",
+        help="compare runs whose episode-defining settings differ (max_steps, protocol, ...), "
+        "listing each difference as a warning (else they are refused)",
     )
     compare.set_defaults(handler=_compare)
 

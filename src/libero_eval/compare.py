@@ -8,13 +8,25 @@ test (a two-sided binomial test of `gained` out of `gained + lost` at p = 0.5) a
 uncertainty a paired bootstrap interval (episode pairs resampled with replacement, fixed seed).
 Episodes that ended with an error count as failures, as in `libero_eval.aggregate`; episodes
 present in only one run are reported, never silently dropped.
+
+A pair is the same episode only when both runs defined their episodes alike: the settings the
+schema does not mark `x-fingerprint: false` under `rollout` (protocol, step limit, reset
+seeding, camera size, rendering, ...), as each run recorded them (`summary/settings.json`,
+written by the aggregate step; for a run aggregated before it, the config in
+`report/provenance.json`), and the protocol, reset seeding and seed in its episode rows.
+Runs that differ in any are refused, naming each difference, unless the caller allows it
+(`--allow-different-settings`, `compare.allow_different_settings`); then each difference is a
+warning in the comparison.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +40,85 @@ REPORT = settings_schema.defaults("report")
 COMPARE = settings_schema.defaults("compare")
 
 PAIR_KEYS = ["suite", "task_id", "init_state_id"]
+SETTINGS_FILE = Path("summary") / "settings.json"  # what a run recorded of its settings
+# episode columns that say how the episode was defined, by the setting they come from
+EPISODE_SETTINGS = {"protocol": "rollout.protocol", "reset_seeding": "rollout.reset_seeding"}
+
+
+class SettingsDiffer(ValueError):
+    """Two runs whose episodes were defined by different settings; the message names each."""
+
+
+@dataclass(frozen=True)
+class SettingDifference:
+    """One episode-defining setting with different values in the two runs."""
+
+    setting: str  # its config path, e.g. rollout.max_steps
+    baseline: Any
+    candidate: Any
+
+    def line(self, baseline: str, candidate: str) -> str:
+        return f"{self.setting}: `{baseline}` {self.baseline!r}, `{candidate}` {self.candidate!r}"
+
+
+def recorded_settings(run_dir: str | Path) -> dict[str, Any] | None:
+    """The episode-defining settings run `run_dir` recorded: `summary/settings.json` (the
+    aggregate step writes it, `RunSettings.recorded_settings`), else the config kept in
+    `report/provenance.json` by runs aggregated before it, its rollout section without the
+    fields the schema marks outcome-neutral; None when the run recorded neither."""
+    run_dir = Path(run_dir)
+    try:
+        return json.loads((run_dir / SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        pass
+    try:
+        config = json.loads((run_dir / "report" / "provenance.json").read_text())["config"]
+        rollout = config["rollout"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return {"rollout": settings_schema.without_outcome_neutral(rollout, "rollout")}
+
+
+def _flat(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for name, value in settings.items():
+        if isinstance(value, Mapping):
+            flat |= _flat(value, f"{prefix}{name}.")
+        else:
+            flat[f"{prefix}{name}"] = value
+    return flat
+
+
+def setting_differences(
+    baseline: pd.DataFrame,
+    candidate: pd.DataFrame,
+    settings: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
+) -> list[SettingDifference]:
+    """The episode-defining settings in which the runs differ: from their episode rows (the
+    protocol, the reset seeding, and the seed where each run has one, so that pairs do not
+    match seeds) and from the settings each recorded (`recorded_settings`; a setting one of
+    them lacks is not compared)."""
+
+    def values(episodes: pd.DataFrame, column: str) -> str | None:
+        if column not in episodes.columns:
+            return None
+        found = sorted(str(v) for v in episodes[column].dropna().unique())
+        return ", ".join(found) if found else None
+
+    found: dict[str, SettingDifference] = {}
+    columns = dict(EPISODE_SETTINGS)
+    if "seed" not in pair_keys(baseline, candidate):
+        columns["seed"] = "plan.seed"
+    for column, setting in columns.items():
+        base, cand = values(baseline, column), values(candidate, column)
+        if base is not None and cand is not None and base != cand:
+            found[setting] = SettingDifference(setting, base, cand)
+    if settings[0] is not None and settings[1] is not None:
+        base_flat, cand_flat = _flat(settings[0]), _flat(settings[1])
+        for setting in sorted(base_flat.keys() & cand_flat.keys()):
+            if base_flat[setting] != cand_flat[setting]:
+                found[setting] = SettingDifference(setting, base_flat[setting], cand_flat[setting])
+    return sorted(found.values(), key=lambda d: d.setting)
 
 
 def mcnemar_exact(lost: int, gained: int) -> float:
@@ -109,6 +200,10 @@ class Comparison:
     table: pd.DataFrame
     flipped: pd.DataFrame
     runs: pd.DataFrame
+    # episode-defining settings that differ (allowed by the caller), and runs that recorded
+    # none (only their episode rows were checked)
+    differences: tuple[SettingDifference, ...] = ()
+    unrecorded: tuple[str, ...] = field(default=())
 
     @property
     def overall(self) -> pd.Series:
@@ -116,20 +211,20 @@ class Comparison:
 
     @property
     def warnings(self) -> list[str]:
-        """Why the two runs' episodes may not be comparable (different protocol or seed)."""
-        messages = []
-        for column, what in (
-            ("protocol", "episode protocols (wait steps, step limits, early stop)"),
-            ("seed", "env seeds (scene layout)"),
-        ):
-            base, cand = (self.runs[column].iloc[i] for i in (0, 1))
-            if base != cand:
-                messages.append(
-                    f"The runs used different {what}: `{self.baseline}` {column} {base or '?'}, "
-                    f"`{self.candidate}` {column} {cand or '?'}. Differences between them "
-                    "mix the policies with the protocol; rerun one with the other's "
-                    f"rollout.protocol / plan.seed for a like-for-like comparison."
-                )
+        """Why the two runs' episodes may not be comparable: each episode-defining setting in
+        which they differ, and runs whose settings were not recorded."""
+        messages = [
+            f"The runs differ in {d.setting}, which defines the episodes: `{self.baseline}` "
+            f"{d.baseline}, `{self.candidate}` {d.candidate}. Differences between them mix "
+            "the policies with it; rerun one with the other's setting for a like-for-like "
+            "comparison."
+            for d in self.differences
+        ]
+        messages += [
+            f"Run `{run}` recorded no settings ({SETTINGS_FILE} or report/provenance.json): "
+            "only the protocol, reset seeding and seed of its episodes were compared."
+            for run in self.unrecorded
+        ]
         return messages
 
 
@@ -195,12 +290,31 @@ def compare_runs(
     confidence: float = REPORT["confidence_level"],
     n_resamples: int = COMPARE["bootstrap_resamples"],
     seed: int = COMPARE["seed"],
+    *,
+    settings: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] | None = None,
+    allow_different_settings: bool = COMPARE["allow_different_settings"],
 ) -> Comparison:
     """Pair episodes by (suite, task_id, init_state_id), and seed for runs with several
-    (`pair_keys`), and compare `metric` per pair."""
+    (`pair_keys`), and compare `metric` per pair. `settings`: what each run recorded
+    (`recorded_settings`; None: not looked for). Runs whose episode-defining settings differ
+    (`setting_differences`) raise `SettingsDiffer` unless `allow_different_settings`."""
     keys = pair_keys(baseline, candidate)
     if metric not in METRICS:
         raise ValueError(f"compare.metric: {metric!r} is not one of {list(METRICS)}")
+    differences = setting_differences(baseline, candidate, settings or (None, None))
+    if differences and not allow_different_settings:
+        lines = "".join(f"\n  {d.line(baseline_name, candidate_name)}" for d in differences)
+        raise SettingsDiffer(
+            f"runs `{baseline_name}` and `{candidate_name}` are not comparable: settings that "
+            f"define their episodes differ:{lines}\nRerun one with the other's settings for a "
+            "like-for-like comparison, or compare anyway with --allow-different-settings "
+            "(in the workflow: compare.allow_different_settings: true), which lists each "
+            "difference in the comparison."
+        )
+    unrecorded = ()
+    if settings is not None:
+        names = (baseline_name, candidate_name)
+        unrecorded = tuple(name for name, got in zip(names, settings, strict=True) if got is None)
     for name, episodes in ((baseline_name, baseline), (candidate_name, candidate)):
         missing = {*keys, metric, "error", "task_language"} - set(episodes.columns)
         if missing:
@@ -214,6 +328,8 @@ def compare_runs(
         columns = {metric: tag, "error": f"{tag}_error", "task_language": f"{tag}_language"}
         if "video_path" in episodes.columns:
             columns["video_path"] = f"{tag}_video"
+        if "seed" not in keys and "seed" in episodes.columns:  # for the unmatched table
+            columns["seed"] = f"{tag}_seed"
         frame = episodes[[*keys, *columns]].rename(columns=columns)
         frame[tag] = frame[tag].astype(bool)
         return frame.astype({"task_id": int, "init_state_id": int})
@@ -221,10 +337,19 @@ def compare_runs(
     merged = side(baseline, "baseline").merge(
         side(candidate, "candidate"), on=keys, how="outer", indicator=True
     )
+    if "seed" not in keys:  # each episode's own seed, whichever run has it
+        sides = [
+            merged.pop(f"{tag}_seed")
+            for tag in ("baseline", "candidate")
+            if f"{tag}_seed" in merged
+        ]
+        if sides:
+            merged["seed"] = sides[0].fillna(sides[-1]).astype("Int64")
     only = {"left_only": baseline_name, "right_only": candidate_name}
-    unmatched = merged[merged["_merge"] != "both"][[*keys, "_merge"]]
+    own_seed = ["seed"] if "seed" in merged.columns and "seed" not in keys else []
+    unmatched = merged[merged["_merge"] != "both"][[*keys, *own_seed, "_merge"]]
     unmatched = unmatched.assign(only_in=unmatched.pop("_merge").map(only).astype(str))
-    pairs = merged[merged["_merge"] == "both"].drop(columns="_merge")
+    pairs = merged[merged["_merge"] == "both"].drop(columns=["_merge", *own_seed])
     pairs = pairs.assign(
         task_language=pairs["baseline_language"].fillna(pairs["candidate_language"]),
         baseline=pairs["baseline"].astype(bool),
@@ -279,6 +404,8 @@ def compare_runs(
         table=table,
         flipped=flipped.reset_index(drop=True),
         runs=runs,
+        differences=tuple(differences),
+        unrecorded=unrecorded,
     )
 
 
@@ -351,12 +478,12 @@ def comparison_markdown(comparison: Comparison, decimals: int = REPORT["decimals
     if len(c.unmatched):
         parts.append(
             "Present in one run only, left out of every number above.\n\n"
-            "| suite | task | init state | only in |\n|---|---|---|---|\n"
+            "| suite | task | init state | seed | only in |\n|---|---|---|---|---|\n"
         )
         for _, row in c.unmatched.iterrows():
             parts.append(
                 f"| {row['suite']} | {row['task_id']} | {row['init_state_id']} "
-                f"| `{row['only_in']}` |\n"
+                f"| {_cell(row.get('seed'))} | `{row['only_in']}` |\n"
             )
     else:
         parts.append("None: both runs evaluated the same episodes.\n")

@@ -12,13 +12,18 @@ rollout fingerprint. `docs/design.md` walks two fields from the config to their 
 from __future__ import annotations
 
 import os
-import warnings
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from libero_eval import package_data, settings_schema
 from libero_eval import suites as suite_catalog
+from libero_eval.config_layout import (  # re-exported: the config as written, checked
+    ConfigDeprecationWarning,
+    ConfigError,
+    check_family_fields,
+    validate_config,
+)
 from libero_eval.failures import FailurePolicy
 from libero_eval.faults import active_faults
 from libero_eval.plan import Episode, Shard, check_seeds, make_shards, plan_episodes, read_shard
@@ -36,103 +41,18 @@ from libero_eval.rollout.shard_job import RolloutJob, ShardPaths
 from libero_eval.serve.settings import ServerSettings
 from libero_eval.store import fingerprint
 
-
-class ConfigError(ValueError):
-    """A config value that cannot work; the message names the field and the fix."""
-
-
-class ConfigDeprecationWarning(FutureWarning):
-    """A config key of an older layout, still read; the message names the old and new key."""
+__all__ = [
+    "ConfigDeprecationWarning",
+    "ConfigError",
+    "RunSettings",
+    "check_config",
+    "check_family_fields",
+    "validate_config",
+]
 
 
 # Backends whose server is a GPU process run by a command of its own (not the reference).
 GPU_BACKENDS = ("sglang", "openpi")
-
-
-def family_fields(family: str) -> tuple[str, ...]:
-    """The fields of ``policy.<family>``, as the schema lists them."""
-    families.names()  # the registered families' sections are in the schema
-    return settings_schema.fields("policy", family)
-
-
-# policy.<old key> -> rollout.failures.<new key>: the request knobs moved under the one section
-# of failure settings (issue 26)
-MOVED_TO_FAILURES = {
-    "http_timeout_s": "request_timeout_s",
-    "http_max_retries": "request_retries",
-    "http_retry_backoff_s": "retry_backoff_s",
-}
-
-
-def move_failure_fields(config: dict[str, Any]) -> list[str]:
-    """Read ``policy.http_*`` (the layout before issue 26) as ``rollout.failures.*``, with a
-    deprecation message naming the old and the new key; where both are set, the old key wins
-    (as for a family's older layout, `Family.upgrade`). Returns the messages."""
-    policy = config.get("policy")
-    if not isinstance(policy, dict) or not any(key in policy for key in MOVED_TO_FAILURES):
-        return []
-    rollout = config.setdefault("rollout", {})
-    if not isinstance(rollout, dict) or not isinstance(rollout.get("failures", {}), dict):
-        return []  # the schema reports it
-    failures = rollout.setdefault("failures", {})
-    moved = [key for key in MOVED_TO_FAILURES if key in policy]
-    for key in moved:
-        failures[MOVED_TO_FAILURES[key]] = policy.pop(key)
-    return [
-        f"{', '.join('policy.' + key for key in moved)}: deprecated, read as "
-        f"{', '.join('rollout.failures.' + MOVED_TO_FAILURES[key] for key in moved)}. "
-        "Every failure setting now lives under rollout.failures: move them there"
-    ]
-
-
-def check_family_fields(config: dict[str, Any]) -> list[str]:
-    """Register the config's own families (``policy.family_modules``), upgrade an older layout
-    (``move_failure_fields`` too) and reject settings of another model family; call BEFORE
-    schema validation fills defaults (the schema gives every field a default, so this runs on
-    the config as written).
-
-    Each family's settings are under ``policy.<family>``. A family whose settings once sat
-    elsewhere moves them there (``Family.upgrade``) with a :class:`ConfigDeprecationWarning`
-    naming the old and the new key. Returns the warnings' messages (the workflow prints them).
-    """
-    try:
-        families.load_config_modules(config)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    deprecations = move_failure_fields(config)
-    policy = config.get("policy") or {}
-    if not isinstance(policy, dict):
-        return []  # the schema reports it
-    family = policy.get("family", settings_schema.default("policy", "family"))
-    for name in families.names():
-        upgrade = families.get(name).upgrade
-        try:
-            deprecations += upgrade(policy) if upgrade is not None else []
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
-    foreign = [name for name in families.names() if name != family and name in policy]
-    if foreign:
-        other = families.get(foreign[0])
-        mine = families.get(family) if family in families.names() else None
-        where = f" (see {mine.example_config})" if mine and mine.example_config else ""
-        raise ConfigError(
-            f"policy.{other.name}: {other.title} settings, but policy.family is {family}. "
-            f"Remove them, or set policy.family: {other.name} (and drop policy.{family}); "
-            f"{family}'s settings go under policy.{family}{where}. Are two configs of "
-            "different families stacked with --configfile?"
-        )
-    for message in deprecations:
-        warnings.warn(message, ConfigDeprecationWarning, stacklevel=2)
-    return deprecations
-
-
-def validate_config(config: dict[str, Any]) -> None:
-    """The config checked against the schema (every registered family's section included)
-    with its defaults filled in, in place; after :func:`check_family_fields`."""
-    try:
-        settings_schema.validate(config)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
 
 
 def run_family(config: dict[str, Any]) -> Family:
@@ -496,6 +416,15 @@ class RunSettings:
         return FailurePolicy.from_config(self.config["rollout"]["failures"])
 
     @cached_property
+    def recorded_settings(self) -> dict[str, Any]:
+        """What a run records of its settings beside its summary (`summary/settings.json`,
+        read back by `libero_eval.compare.recorded_settings`): the rollout fields that define
+        its episodes, all the schema does not mark `x-fingerprint: false`, as the fingerprint
+        takes them."""
+        rollout = settings_schema.without_outcome_neutral(self.config["rollout"], "rollout")
+        return {"rollout": rollout}
+
+    @cached_property
     def capacity_probe(self) -> CapacityProbe:
         """How a serve job measures its server at start (`libero_eval.policy.capacity`): the
         family's adapter settings and endpoint, and how many one-observation requests the
@@ -510,7 +439,8 @@ class RunSettings:
             merged_batch_size=self.expected_server_batch,
             camera_size=self.config["rollout"]["camera_size"],
             privileged_state=sends_privileged_state(self.config),
-            timeout_s=self.failures.request_timeout_s,
+            timeout_s=self.failures.probe_timeout()[0],
+            timeout_setting=self.failures.probe_timeout()[1],
             family_modules=tuple(self.config["policy"]["family_modules"]),
             graph_batches=tuple(graph_batches(self.config)) if graph_batches else (),
         )

@@ -12,6 +12,10 @@ kind            attempt counts                   action
 ``transient``   failed tries of this request     retry the request while ``request_retries``
                                                  allow (backoff ``k * retry_backoff_s``), then
                                                  fail the shard (the server is gone)
+(a timeout)     timed-out tries in a row         fail the shard at once when the server's
+                                                 readiness path does not answer either (it
+                                                 answers nothing at all), or at the
+                                                 ``timeouts_in_a_row``-th; else as transient
 ``rejected``    --                               fail the shard: retrying cannot help
 ``bad_answer``  unusable answers in a row        record the error on the request's episodes;
                                                  the ``bad_answers_in_a_row``-th fails the shard
@@ -19,6 +23,9 @@ kind            attempt counts                   action
 ``env_died``    attempts of this episode         retry the episode on a restarted worker while
                                                  ``episode_attempts`` allow, then record it
 =============== ================================ =============================================
+
+A request still unanswered is logged at a steady pace (``waiting_log_every_s``: its age and the
+settings that bound it; ``rollout/waiting.py``), so a slow or hung server is never silent.
 
 Its knobs are the ``rollout.failures`` config section (``libero_eval/data/schema.yaml``, the
 one place of their names and defaults), outcome-neutral: no field is in the fingerprint.
@@ -34,6 +41,7 @@ from typing import Any, Self
 from libero_eval import settings_schema
 
 SECTION = ("rollout", "failures")
+PREFIX = "rollout.failures."  # how a message names a knob
 
 
 class FailureKind(StrEnum):
@@ -65,29 +73,30 @@ class FailurePolicy:
     probe_timeout_s: float
     episode_attempts: int
     bad_answers_in_a_row: int
+    timeouts_in_a_row: int
+    waiting_log_every_s: float
 
     def __post_init__(self) -> None:
         def bad(name: str, rule: str) -> ValueError:
             value = getattr(self, name)
             return ValueError(
-                f"rollout.failures.{name} must be {rule}, got {value!r} (fix it in the config)"
+                f"{PREFIX}{name} must be {rule}, got {value!r} (fix it in the config)"
             )
 
-        for name in ("request_timeout_s", "probe_timeout_s"):
+        for name in ("request_timeout_s", "probe_timeout_s", "waiting_log_every_s"):
             if isinstance(getattr(self, name), bool) or not getattr(self, name) > 0:
                 raise bad(name, "a number > 0")
         if isinstance(self.retry_backoff_s, bool) or not self.retry_backoff_s >= 0:
             raise bad("retry_backoff_s", "a number >= 0")
-        for name, least in (("request_retries", 0), ("episode_attempts", 1)):
+        for name, least in (
+            ("request_retries", 0),
+            ("episode_attempts", 1),
+            ("bad_answers_in_a_row", 1),
+            ("timeouts_in_a_row", 1),
+        ):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise bad(name, f"an int >= {least}")
-        if (
-            isinstance(self.bad_answers_in_a_row, bool)
-            or not isinstance(self.bad_answers_in_a_row, int)
-            or self.bad_answers_in_a_row < 1
-        ):
-            raise bad("bad_answers_in_a_row", "an int >= 1")
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> Self:
@@ -111,6 +120,30 @@ class FailurePolicy:
         if kind is FailureKind.ENV_DIED:
             return Action.RETRY_EPISODE if attempt < self.episode_attempts else Action.RECORD
         return Action.RECORD  # ENV_ERROR
+
+    def decide_timeout(self, in_a_row: int, answers_health: bool, attempt: int) -> Action:
+        """What to do about a try of a request that timed out: the ``in_a_row``-th of this
+        request in a row, its ``attempt``-th try; ``answers_health``: the server's readiness
+        path still answers. A server that answers nothing at all, or ``timeouts_in_a_row``
+        timeouts, fail the shard before ``request_retries`` run out (each would wait
+        ``request_timeout_s`` again); else it is any transient failure."""
+        if not answers_health or in_a_row >= self.timeouts_in_a_row:
+            return Action.FAIL_SHARD
+        return self.decide(FailureKind.TRANSIENT, attempt)
+
+    def probe_timeout(self) -> tuple[float, str]:
+        """The per-request timeout of a first look at a server (a shard's, the serve job's
+        capacity probe) and the setting that gives it: ``probe_timeout_s``, or
+        ``request_timeout_s`` when that is shorter."""
+        if self.request_timeout_s < self.probe_timeout_s:
+            return self.request_timeout_s, f"{PREFIX}request_timeout_s"
+        return self.probe_timeout_s, f"{PREFIX}probe_timeout_s"
+
+    def longest_wait_s(self) -> float:
+        """The longest a request can take before the shard gives up on it: every try timing
+        out, with the backoffs between (``timeouts_in_a_row`` may end it sooner)."""
+        tries = min(self.attempts_per_request, self.timeouts_in_a_row)
+        return tries * self.request_timeout_s + sum(map(self.backoff_s, range(1, tries)))
 
     def backoff_s(self, attempt: int) -> float:
         """The wait before retry ``attempt`` of a request (linear backoff)."""

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import math
 import os
-import re
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,11 +31,10 @@ from typing import Any
 import psutil
 
 from libero_eval.efficiency_inputs import ServiceTimeline
-from libero_eval.eventlog import log_event
+from libero_eval.eventlog import last_invocation_start, log_event, log_launch
 from libero_eval.serve.startup import describe_parts
 
 # the Snakefile's onstart line (workflow/rules/common.smk, workflow_launch)
-LAUNCH_LINE = re.compile(r"\[workflow\] workflow launch: .*\(epoch (\d+(?:\.\d+)?)\)")
 
 #: instants, as seconds after the origin (the workflow's launch, else the server's)
 INSTANTS = (
@@ -74,17 +72,11 @@ COLUMNS = (
 CHOICES = {"envs_choice": "envs", "dispatch_choice": "merged_dispatch"}
 
 
-def record_launch(event_log: Path | str | None) -> None:
+def record_launch(event_log: Path | str | None, rollout_jobs: int = 0) -> None:
     """The "workflow launch" line (the Snakefile's ``onstart``, once Snakemake has built its
     DAG and is about to start its jobs), with the epoch at which this process (``snakemake``)
     started: the run's launch, as a user waits for it."""
-    started = psutil.Process().create_time()
-    log_event(
-        event_log,
-        "workflow",
-        f"workflow launch: snakemake (pid {os.getpid()}) started "
-        f"{time.time() - started:.1f} s before its first job (epoch {started:.2f})",
-    )
+    log_launch(event_log, psutil.Process().create_time(), os.getpid(), rollout_jobs)
 
 
 def record_end(event_log: Path | str | None) -> None:
@@ -97,14 +89,7 @@ def record_end(event_log: Path | str | None) -> None:
 
 def launch_time(event_log: Path | str | None) -> float | None:
     """The epoch of the last "workflow launch" line of the run's event log (None without)."""
-    if event_log is None:
-        return None
-    try:
-        text = Path(event_log).read_text(errors="replace")
-    except OSError:
-        return None
-    found = LAUNCH_LINE.findall(text)
-    return float(found[-1]) if found else None
+    return last_invocation_start(event_log)
 
 
 def _first(values: Sequence[float | None], pick: Any) -> float:

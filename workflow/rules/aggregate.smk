@@ -11,6 +11,8 @@ rule aggregate:
         tables=f"results/{RUN}/summary/summary.parquet",
         markdown=f"results/{RUN}/summary/summary.md",
         efficiency=f"results/{RUN}/summary/efficiency.csv",
+        # the settings that define the run's episodes, for `compare` (libero_eval.compare)
+        settings=f"results/{RUN}/summary/settings.json",
     log:
         f"logs/{RUN}/aggregate.log",
     conda:
@@ -21,5 +23,6 @@ rule aggregate:
         event_log=EVENT_LOG,
         service_files=get_service_files,
         serve_logs=get_serve_logs,
+        recorded_settings=SETTINGS.recorded_settings,
     script:
         "../scripts/aggregate.py"

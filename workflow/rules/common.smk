@@ -11,6 +11,7 @@ from libero_eval.config import (
     validate_config,
 )
 from libero_eval.serve.command import exposure_warning
+from libero_eval.interrupt import StopJobsOnSignal
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
 from libero_eval.timeline import record_end, record_launch
@@ -175,10 +176,41 @@ def get_envs_per_shard(wildcards=None):
     return SETTINGS.envs_per_shard
 
 
+STOP = StopJobsOnSignal()
+
+
+def on_start():
+    """An invocation says when it was launched in the event log (`libero-eval status` counts
+    its elapsed time from that line, the report its timeline). A TERM or INT to Snakemake alone stops the
+    running jobs now, not after they finish (libero_eval.interrupt); local runs only: on
+    Slurm, Ctrl-C cancels the jobs (scancel)."""
+    rollouts = [
+        j for j in workflow.dag.needrun_jobs() if getattr(j, "name", "") == "rollout"
+    ]
+    # the run's launch, for the report's "where the wall time went" (libero_eval.timeline)
+    record_launch(EVENT_LOG, len(rollouts))
+    if workflow.local_exec:
+        STOP.install()
+
+
+def say_if_interrupted():
+    message = STOP.explain(STORE.root)
+    if message:
+        print(f"\n{message}", file=sys.stderr)
+
+
 def print_summary():
-    summary = Path(f"results/{RUN}/summary/summary.md")
-    if summary.exists():
-        print(f"\n{summary.read_text()}")
+    """After a successful run, what its targets asked for: the run's summary, and each
+    comparison among them (`snakemake compare` prints only the comparison)."""
+    wanted = {
+        str(f) for job in workflow.dag.targetjobs for f in [*job.input, *job.output]
+    }
+    summary = f"results/{RUN}/summary/summary.md"
+    comparisons = sorted(f for f in wanted if Path(f).name == "comparison.md")
+    shown = [summary] if summary in wanted or not comparisons else []
+    for path in map(Path, shown + comparisons):
+        if path.exists():
+            print(f"\n{path.read_text()}")
 
 
 def slurm_placement(server=False):

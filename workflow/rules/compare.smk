@@ -33,6 +33,7 @@ rule compare_runs:
         resamples=config["compare"]["bootstrap_resamples"],
         seed=config["compare"]["seed"],
         confidence=config["report"]["confidence_level"],
+        allow_different_settings=config["compare"]["allow_different_settings"],
     script:
         "../scripts/compare.py"
 

@@ -62,6 +62,8 @@ rule report_figures:
             category="Provenance",
         ),
         provenance_json=f"results/{RUN}/report/provenance.json",
+        # the report's first screen: workflow/report/workflow.rst includes it
+        overview=f"results/{RUN}/report/overview.rst",
     log:
         f"logs/{RUN}/report_figures.log",
     conda:

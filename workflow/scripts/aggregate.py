@@ -20,6 +20,7 @@ with open(snakemake.log[0], "w") as log:
         published=snakemake.params.report["published"],
         published_metric=snakemake.params.report["published_metric"],
         published_alpha=snakemake.params.report["published_alpha"],
+        recorded_settings=snakemake.params.recorded_settings,
     )
     write_efficiency(
         dispatch_paths=snakemake.input.dispatch,

@@ -247,18 +247,20 @@ class CapacityProbe:
     """What measuring a slot's server needs, as plain data (it crosses to the serve job as
     JSON): the policy family and its settings (``policy.<family>``, from which the adapter and
     the endpoint are built), the merge limit of one-observation requests, the camera size,
-    whether requests carry privileged state, the client's timeout, the modules that register
-    a family of the config's own (``policy.family_modules``) and the merged batch sizes whose
-    CUDA graphs to capture first (``graph_batches``, :func:`warm_graphs`; empty: none).
-    Called with the server's URL it returns the capacity entry, with ``"graph_warmup"`` (what
-    :func:`warm_graphs` returned) where it warmed graphs."""
+    whether requests carry privileged state, the client's timeout and its setting, the modules
+    that register a family of the config's own (``policy.family_modules``) and the merged
+    batch sizes whose CUDA graphs to capture first (``graph_batches``, :func:`warm_graphs`;
+    empty: none). Called with the server's URL it returns the capacity entry, with
+    ``"graph_warmup"`` (what :func:`warm_graphs` returned) where it warmed graphs; each of its
+    requests gets one try within the probe's timeout (``FailurePolicy.probe_timeout``)."""
 
     family: str
     policy: Mapping[str, Any]
     merged_batch_size: int
     camera_size: int
     privileged_state: bool
-    timeout_s: float
+    timeout_s: float  # rollout.failures.probe_timeout_s (request_timeout_s when shorter)
+    timeout_setting: str  # the one of the two it is, named when a request times out
     family_modules: tuple[str, ...]  # policy.family_modules: where the family is
     graph_batches: tuple[int, ...] = ()  # Family.graph_batches: sizes to capture graphs of
 
@@ -273,7 +275,9 @@ class CapacityProbe:
         observation = synthetic_observation(self.camera_size, self.privileged_state)
 
         def connect_once() -> PolicyConnection:
-            return connect(spec, timeout_s=self.timeout_s, max_retries=0)
+            return connect(
+                spec, timeout_s=self.timeout_s, max_retries=0, timeout_setting=self.timeout_setting
+            )
 
         warmed = None
         if self.graph_batches:

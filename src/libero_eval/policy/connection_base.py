@@ -45,12 +45,14 @@ class ConnectionBase:
         health_path: str,
         sleep: Callable[[float], None],
         schemes: tuple[str, ...] = ("http", "https"),
+        timeout_setting: str | None = None,
         **overrides: float | None,
     ):
         """``failures``: the run's failure policy (``rollout.failures``); None: the schema's
         defaults. ``overrides`` (``timeout_s``, ``max_retries``, ``retry_backoff_s``, None:
         left as they are) replace its request settings, for a connection built outside a
-        run (a probe, a test, a benchmark)."""
+        run (a probe, a test, a benchmark). ``timeout_setting``: the config field a timeout
+        message names (``rollout.failures.request_timeout_s`` unless a probe says another)."""
         parts = urlsplit(base_url)
         if parts.scheme not in schemes or not parts.hostname:
             raise ValueError(
@@ -69,6 +71,7 @@ class ConnectionBase:
             failures = replace(failures, **changes)
         self.failures = failures
         self.timeout_s = float(failures.request_timeout_s)
+        self.timeout_setting = timeout_setting or "rollout.failures.request_timeout_s"
         self.health_path = health_path
         # the latest call of this instance: its successful attempt's wall time, its attempts
         self.last_latency_s: float | None = None
@@ -142,10 +145,12 @@ class ConnectionBase:
         """``attempt_once()`` until it returns. It raises a classified
         :class:`~libero_eval.policy.errors.PolicyClientError`; ``on_failure`` runs after each,
         and the failure policy says what follows: retry (after ``k * retry_backoff_s``), or
-        give up. A transient failure given up on becomes :class:`PolicyServerUnavailable`
-        with the message ``failed(attempts, last_error)``; any other kind is raised as it is
-        (the shard decides about it)."""
-        attempt = 0
+        give up. A try that timed out asks the server's readiness path too: a server that
+        answers nothing at all, or ``timeouts_in_a_row`` timeouts, is given up on before the
+        retries run out (``FailurePolicy.decide_timeout``). A transient failure given up on
+        becomes :class:`PolicyServerUnavailable` with the message ``failed(attempts,
+        last_error)`` and why; any other kind is raised as it is (the shard decides)."""
+        attempt = timeouts = 0
         while True:
             attempt += 1
             started = time.monotonic()
@@ -155,11 +160,19 @@ class ConnectionBase:
                 if on_failure is not None:
                     on_failure()
                 self.last_attempts = attempt
-                action = self.failures.decide(failure.kind, attempt)
+                why = ""
+                if getattr(failure, "timed_out", False):
+                    timeouts += 1
+                    answers_health = self.health()
+                    action = self.failures.decide_timeout(timeouts, answers_health, attempt)
+                    why = self._why_given_up(timeouts, answers_health, action)
+                else:
+                    timeouts = 0
+                    action = self.failures.decide(failure.kind, attempt)
                 if action is not Action.RETRY_REQUEST:
                     if failure.kind is FailureKind.TRANSIENT:
                         raise PolicyServerUnavailable(
-                            failed(attempt, str(failure)), attempts=attempt
+                            failed(attempt, str(failure)) + why, attempts=attempt
                         ) from failure
                     raise
                 self._sleep(self.failures.backoff_s(attempt))
@@ -167,3 +180,21 @@ class ConnectionBase:
                 self.last_latency_s = time.monotonic() - started
                 self.last_attempts = attempt
                 return result
+
+    def _why_given_up(self, timeouts: int, answers_health: bool, action: Action) -> str:
+        """Why a request that timed out is given up before its retries run out ("" when it
+        is not, or they ran out)."""
+        if action is Action.RETRY_REQUEST or self.last_attempts > self.failures.request_retries:
+            return ""
+        if not answers_health:
+            return (
+                f". Gave up before rollout.failures.request_retries ran out: "
+                f"{self.base_url}{self.health_path} did not answer either, so the server "
+                "answers nothing at all (hung, stopped, or unreachable)"
+            )
+        return (
+            f". Gave up before rollout.failures.request_retries ran out: {timeouts} tries in "
+            f"a row got no answer within {self.timeout_s:g} s ({self.timeout_setting}; "
+            f"rollout.failures.timeouts_in_a_row={self.failures.timeouts_in_a_row}), though "
+            f"{self.health_path} answers: the server accepts requests but does not finish them"
+        )

@@ -22,10 +22,15 @@ class TransientFailure(PolicyClientError):
 
     kind = FailureKind.TRANSIENT
 
+    def __init__(self, message: str, timed_out: bool = False):
+        super().__init__(message)
+        self.timed_out = timed_out  # no answer within the timeout (rather than a refusal)
+
 
 class PolicyServerUnavailable(PolicyClientError):
     """Transient failures until the failure policy gave up (``attempts`` tries), or a server
-    that never became ready: the server is gone."""
+    that never became ready or answers nothing: the server is gone. The connection asked the
+    failure policy about every try; whoever gets this fails the shard."""
 
     kind = FailureKind.TRANSIENT
 

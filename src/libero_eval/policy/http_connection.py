@@ -76,7 +76,8 @@ class HttpConnection(ConnectionBase):
     raw bytes (SGLang's ndarray encoding) and asks for msgpack back; ``"json"`` sends and
     receives JSON, numpy arrays converted to lists. :meth:`infer` retries connection errors,
     timeouts and 5xx as ``failures`` (``rollout.failures``) says; 4xx is never retried.
-    ``timeout_s``, ``max_retries``, ``retry_backoff_s``: overrides of ``failures``.
+    ``timeout_s``, ``max_retries``, ``retry_backoff_s``: overrides of ``failures``;
+    ``timeout_setting``: the field a timeout names (see ``ConnectionBase``).
     """
 
     def __init__(
@@ -92,12 +93,14 @@ class HttpConnection(ConnectionBase):
         request_path: str = GENERATIONS_PATH,
         metadata_path: str | None = METADATA_PATH,
         sleep: Callable[[float], None] = time.sleep,
+        timeout_setting: str | None = None,
     ):
         super().__init__(
             base_url,
             failures,
             health_path,
             sleep,
+            timeout_setting=timeout_setting,
             timeout_s=timeout_s,
             max_retries=max_retries,
             retry_backoff_s=retry_backoff_s,
@@ -193,7 +196,9 @@ class HttpConnection(ConnectionBase):
                 response = send()
             except requests.Timeout as exc:
                 raise TransientFailure(
-                    f"timed out after {self.timeout_s:g} s ({type(exc).__name__})"
+                    f"timed out after {self.timeout_s:g} s ({self.timeout_setting}; "
+                    f"{type(exc).__name__})",
+                    timed_out=True,
                 ) from exc
             except (requests.ConnectionError, requests.exceptions.ChunkedEncodingError) as exc:
                 raise TransientFailure(f"connection failed: {exc}") from exc

@@ -63,7 +63,8 @@ class WebsocketConnection(ConnectionBase):
     retried on a fresh connection as ``failures`` (``rollout.failures``) says; an error frame
     from the server, or a close saying the request is bad, is not retried (the server rejected
     this request) and raises :class:`PolicyRequestRejected`. ``timeout_s``, ``max_retries``,
-    ``retry_backoff_s``: overrides of ``failures``.
+    ``retry_backoff_s``: overrides of ``failures``; ``timeout_setting``: the field a timeout
+    names (see ``ConnectionBase``).
     """
 
     def __init__(
@@ -77,6 +78,7 @@ class WebsocketConnection(ConnectionBase):
         max_retries: int | None = None,
         retry_backoff_s: float | None = None,
         sleep: Callable[[float], None] = time.sleep,
+        timeout_setting: str | None = None,
     ):
         super().__init__(
             base_url,
@@ -84,6 +86,7 @@ class WebsocketConnection(ConnectionBase):
             health_path,
             sleep,
             schemes=("http", "https", "ws", "wss"),
+            timeout_setting=timeout_setting,
             timeout_s=timeout_s,
             max_retries=max_retries,
             retry_backoff_s=retry_backoff_s,
@@ -190,7 +193,10 @@ class WebsocketConnection(ConnectionBase):
             except PolicyClientError:
                 raise  # classified already (an error frame, an undecodable frame)
             except TimeoutError as exc:
-                raise TransientFailure(f"no answer within {self.timeout_s:g} s") from exc
+                raise TransientFailure(
+                    f"no answer within {self.timeout_s:g} s ({self.timeout_setting})",
+                    timed_out=True,
+                ) from exc
             except ConnectionClosed as exc:
                 raise self._closed(exc) from exc
             except (OSError, InvalidHandshake, InvalidURI) as exc:

@@ -18,6 +18,7 @@ from typing import Any
 import pandas as pd
 
 from libero_eval import settings_schema
+from libero_eval.aggregate import steps_note
 from libero_eval.published import published_checks
 from libero_eval.report.comparison import comparison_html, difference_figure, write_comparison
 from libero_eval.report.figures import (
@@ -44,6 +45,7 @@ from libero_eval.report.tables import (
     failures_by_error,
     failures_html,
     html_page,
+    success_overview_rst,
     success_table_html,
 )
 from libero_eval.report.videos import select_videos, videos_html
@@ -71,6 +73,7 @@ __all__ = [
     "success_by_seed_figure",
     "success_by_suite_figure",
     "success_by_task_figure",
+    "success_overview_rst",
     "success_table_html",
     "throughput_over_time_figure",
     "videos_html",
@@ -136,6 +139,18 @@ OUTPUT_WRITERS: dict[str, Callable[[_Run, Path], None]] = {
         lambda r: json.dumps(r.provenance(), indent=2, sort_keys=True, default=str) + "\n"
     ),
     "provenance_html": _text(lambda r: provenance_html(r.provenance())),
+    "overview": _text(
+        lambda r: success_overview_rst(
+            r.table,
+            str(r.config.get("run_id", "")),
+            r.confidence,
+            r.decimals,
+            steps_note(
+                r.episodes["protocol"].dropna().unique(),
+                (r.config.get("rollout") or {}).get("max_steps"),
+            ),
+        )
+    ),
     "videos": _text(
         lambda r: videos_html(
             select_videos(r.episodes, r.videos_per_task),

@@ -141,7 +141,12 @@ def display_rows(table: pd.DataFrame) -> list[list[tuple[str, Any]]]:
                 ),
             ),
             ("obs/s", (_number(row["obs_per_s"], "{:.2f}"), row["obs_per_s"])),
-            ("capacity", (_number(row["capacity_fraction"], "{:.2f}"), row["capacity_fraction"])),
+            # the slots' obs/s as a share of their servers' own capacity (the probe at start):
+            # a fraction, shown in percent with a decimal so a small one does not read 0
+            (
+                "% of capacity",
+                (_number(row["capacity_fraction"], "{:.1%}"), row["capacity_fraction"]),
+            ),
         ]
         shown.append(cells)
     return shown

@@ -91,6 +91,53 @@ def success_table_html(
     return html_page("Success per task and suite", body)
 
 
+def success_overview_rst(
+    table: pd.DataFrame,
+    run_id: str,
+    confidence: float = REPORT["confidence_level"],
+    decimals: int = REPORT["decimals"],
+    steps: str = "",
+) -> str:
+    """The report's first screen (reStructuredText, included by workflow/report/workflow.rst):
+    each suite's and the overall success with their Wilson intervals, episodes, errors and
+    mean steps, and how steps count (`steps`, `libero_eval.aggregate.steps_note`)."""
+    level = _level(confidence)
+
+    def cell(text: object) -> str:
+        return str(text).replace("|", "\\|").replace("*", "\\*")
+
+    lines = [
+        f"Result of run ``{run_id}``",
+        "=" * (len(run_id) + 18),
+        "",
+        f".. list-table:: success per suite and overall ({level} Wilson interval)",
+        "   :header-rows: 1",
+        "",
+    ]
+    header = ["suite", "success_once", "success_at_end", "episodes", "errors", "mean steps"]
+    rows = [header]
+    for _, r in table[table["level"] != "task"].iterrows():
+        rows.append(
+            [
+                "all" if r["level"] == "overall" else r["suite"],
+                *(
+                    _ci_cell(r[m], r[f"{m}_ci_low"], r[f"{m}_ci_high"], decimals)
+                    for m in ("success_once", "success_at_end")
+                ),
+                r["num_trajectories"],
+                r["num_errors"],
+                "n/a" if math.isnan(r["mean_steps"]) else f"{r['mean_steps']:.0f}",
+            ]
+        )
+    for row in rows:
+        lines += [f"   * - {cell(row[0])}", *(f"     - {cell(value)}" for value in row[1:])]
+    lines.append("")
+    if steps:  # Markdown's `code` is reStructuredText's ``code``
+        lines += [steps.replace("`", "``").strip(), ""]
+    lines += ["Every task, the charts and the episodes: the menu, from Success_ on.", ""]
+    return "\n".join(lines)
+
+
 def _first_line(error: Any) -> str:
     if error is None or error is pd.NA or (isinstance(error, float) and math.isnan(error)):
         return NO_ERROR

@@ -58,6 +58,7 @@ from libero_eval.rollout.records import episode_record, save_video
 from libero_eval.rollout.scheduler import EpisodeScheduler, RunningEpisode
 from libero_eval.rollout.shard_settings import ShardFailed, ShardSettings
 from libero_eval.rollout.startup import ServerGate, ServerInfo, Service, probe_server
+from libero_eval.rollout.waiting import WaitingLog
 from libero_eval.rollout.workers import WorkerSet
 from libero_eval.store import EpisodeStore, write_results
 
@@ -171,6 +172,7 @@ class ShardRunner:
                     self._on_policy_answers()
                     self._send_due()
                     self._maybe_choose()
+                    self._waiting.check(self._sent_at, time.monotonic())
         except BaseException as exc:
             fatal = exc
             raise
@@ -190,6 +192,7 @@ class ShardRunner:
         assert self.choices is not None
         self.url, self.max_batch_size = info.url, info.max_batch
         self.server_batch = info.server_batch
+        self._waiting = WaitingLog(self.failures, self.url, s.shard, s.event_log)
         # A server that merges requests itself (SGLang's dynamic batching) merges any prompts
         # (an action request's prompt is not in its batch signature: sglang/multimodal_gen/
         # configs/sample/action.py): one queue (and rollout.merged_dispatch says how it leaves).
@@ -396,13 +399,9 @@ class ShardRunner:
         kind = error.kind if isinstance(error, PolicyClientError) else None
         if kind is None:
             return
-        attempt = 1
-        if kind is FailureKind.BAD_ANSWER:
-            self._bad_in_a_row += 1
-            attempt = self._bad_in_a_row
-        elif kind is FailureKind.TRANSIENT:  # the connection gave up retrying
-            attempt = getattr(error, "attempts", None) or self.failures.attempts_per_request
-        if self.failures.decide(kind, attempt) is not Action.FAIL_SHARD:
+        self._bad_in_a_row += kind is FailureKind.BAD_ANSWER
+        gave_up = kind is FailureKind.TRANSIENT  # its connection asked the policy every try
+        if not gave_up and self.failures.decide(kind, self._bad_in_a_row) is not Action.FAIL_SHARD:
             return
         if kind is FailureKind.BAD_ANSWER:
             raise ShardFailed(

@@ -10,7 +10,7 @@ observation while the slot's server loads; the wait for the service file runs be
 (`startup`), and a shard whose episodes are all finished needs no server. It follows its
 parent: when Snakemake (or the Slurm job step) dies, even by SIGKILL, the job gets SIGTERM
 (PR_SET_PDEATHSIG plus a parent-pid watchdog), stops its env workers and exits; SIGTERM and
-Ctrl-C do the same, also while it waits for the server. Finished episodes are in the store by
+SIGINT do the same, also while it waits for the server. Finished episodes are in the store by
 then.
 """
 
@@ -41,7 +41,11 @@ from libero_eval.store import DiskFullError, EpisodeStore
 
 
 class ShardTerminated(BaseException):
-    """The job got SIGTERM (Snakemake, scancel, or its parent died)."""
+    """The job got SIGTERM or SIGINT (Snakemake, scancel, Ctrl-C, or its parent died)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"received {signal.Signals(signum).name}")
+        self.exit_code = 128 + signum
 
 
 @dataclass(frozen=True)
@@ -76,16 +80,20 @@ def refuse_to_start(shard_name: str, event_log: Path | None, exc: Exception) -> 
 
 
 def _follow_parent() -> ParentWatch:
-    """SIGTERM ends the job with ShardTerminated; the parent's death sends SIGTERM."""
+    """SIGTERM or SIGINT ends the job with ShardTerminated, once; the parent's death (its
+    shell, stopped with Snakemake: `libero_eval.interrupt`) sends SIGTERM."""
 
     received: list[int] = []
 
-    def on_sigterm(signum: int, _frame: object) -> None:
-        if not received:  # a second SIGTERM (death signal + watchdog) must not cut cleanup
+    def on_stop(signum: int, _frame: object) -> None:
+        # a second signal (death signal + watchdog, or Ctrl-C's INT then the forwarded TERM)
+        # must not cut the cleanup the first one started
+        if not received:
             received.append(signum)
-            raise ShardTerminated(f"received {signal.Signals(signum).name}")
+            raise ShardTerminated(signum)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, on_stop)
     return ParentWatch(lambda _ppid: os.kill(os.getpid(), signal.SIGTERM)).start()
 
 
@@ -136,7 +144,8 @@ def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
     except (ShardTerminated, KeyboardInterrupt) as exc:
         reason = str(exc) or "interrupted (SIGINT)"
         log_event(event_log, f"rollout {shard_name}", f"STOPPED: {reason}")
-        print(f"{shard_name} stopped: {reason}. {resume}", file=sys.stderr)
-        raise SystemExit(143 if isinstance(exc, ShardTerminated) else 130) from None
+        stopped = f"{shard_name} stopped (interrupted, not failed): {reason}."
+        print(f"{stopped} {resume}", file=sys.stderr)
+        raise SystemExit(getattr(exc, "exit_code", 130)) from None
     finally:
         watch.stop()

@@ -74,11 +74,8 @@ def probe_server(settings: ShardSettings, url: str, capacity: dict[str, Any] | N
     (its metadata), and the observations a request may carry. Raises `ShardFailed`."""
     ready_at = time.time()
     failures = settings.failures or FailurePolicy.defaults()
-    probe = connect(
-        settings.endpoint.at(url),
-        failures,
-        timeout_s=min(failures.probe_timeout_s, failures.request_timeout_s),
-    )
+    seconds, named = failures.probe_timeout()  # a first look, named as such on timeout
+    probe = connect(settings.endpoint.at(url), failures, timeout_s=seconds, timeout_setting=named)
     try:
         probe.wait_until_healthy(settings.health_timeout_s)
         settings.adapter.check_server_metadata(probe.metadata())
