@@ -335,6 +335,7 @@ def test_after_a_graph_warmup_the_probe_makes_no_untimed_calls(default_config):
     ("server", "expected"),
     [
         ({}, tuple(range(1, 17))),  # the shipped π0.5 config: buckets, 32 graphs kept
+        ({"capture_graphs_before_ready": False}, ()),  # the schema's default
         ({"sglang": {"pipeline_config": {}}}, ()),  # exact prompt lengths: per length
         ({"sglang": {"pipeline_config": {"prompt_token_buckets": [200]}}}, ()),  # 4 kept < 16
         ({"sglang": {"batching_max_size": 4}}, (1, 2, 3, 4)),
@@ -346,6 +347,10 @@ def test_the_probe_warms_graphs_only_where_sglang_keys_them_by_batch_size(server
     sglang = {**config["server"]["sglang"], **server.get("sglang", {})}
     if "pipeline_config" in server.get("sglang", {}):
         sglang["pipeline_config"] = server["sglang"]["pipeline_config"]
-    config["server"] = {**config["server"], "backend": server.get("backend", "sglang")}
+    config["server"] = {
+        **config["server"],
+        "backend": server.get("backend", "sglang"),
+        "capture_graphs_before_ready": server.get("capture_graphs_before_ready", True),
+    }
     config["server"]["sglang"] = sglang
     assert pi05_graph_batches(config) == expected

@@ -190,7 +190,8 @@ workflow() {  # family envs [plan]
   local run="h200_$1_e$2${3:+_n$count}${SLOTS:+_s$SLOTS}${TAG:+_$TAG}"
   dir=$(ls -d /dev/shm/ck/$family /tmp/ck/$family 2>/dev/null | head -1)
   local max_steps=64; [ "$family" != cosmos3 ] && max_steps=60
-  max_steps=${MAX_STEPS:-$max_steps}
+  local per_family="MAX_STEPS_$family"  # MAX_STEPS_cosmos3=240 etc.: this family's, before MAX_STEPS
+  max_steps=${!per_family:-${MAX_STEPS:-$max_steps}}
   [ "$tasks" = all ] || tasks="[$tasks]"
   local sglang_cmd="$L/bin/sglang" pin_envs=() server_cpus="" env_cpus=""
   if [ -n "${PIN:-}" ]; then  # N: the server on N whole cores, snakemake and the envs on the rest

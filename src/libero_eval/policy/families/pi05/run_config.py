@@ -92,9 +92,10 @@ def check_pipeline_config(fields: dict[str, Any], model_path: str) -> None:
 
 def pi05_graph_batches(config: dict[str, Any]) -> tuple[int, ...]:
     """The merged batch sizes whose CUDA graphs a π0.5 run on SGLang uses and SGLang keeps,
-    to be captured before the server is ready (`libero_eval.policy.capacity.warm_graphs`):
-    1 to ``batching_max_size`` where ``pipeline_config.prompt_token_buckets`` pads the
-    prompts and ``action_cuda_graph_max_entries`` holds that many graphs; () otherwise.
+    to be captured before the server is ready (`libero_eval.policy.capacity.warm_graphs`),
+    with ``server.capture_graphs_before_ready``: 1 to ``batching_max_size`` where
+    ``pipeline_config.prompt_token_buckets`` pads the prompts and
+    ``action_cuda_graph_max_entries`` holds that many graphs; () otherwise.
 
     SGLang 0.5.23 keys a denoising graph by batch size and prefix length
     (``runtime/vla/cuda_graph.py`` ``VLADenoiseGraphSignature``, built in
@@ -110,7 +111,8 @@ def pi05_graph_batches(config: dict[str, Any]) -> tuple[int, ...]:
     fields = sglang.get("pipeline_config") or {}
     size = int(sglang["batching_max_size"])
     if (
-        not fields.get("prompt_token_buckets")
+        not server["capture_graphs_before_ready"]
+        or not fields.get("prompt_token_buckets")
         or fields.get("enable_action_cuda_graph", True) is False
         or int(fields.get("action_cuda_graph_max_entries", 4)) < size
     ):
