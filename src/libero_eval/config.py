@@ -11,7 +11,9 @@ rollout fingerprint. `docs/design.md` walks two fields from the config to their 
 
 from __future__ import annotations
 
+import difflib
 import os
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,6 @@ from libero_eval.policy import families
 from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.policy.connection import policy_connection_spec
 from libero_eval.policy.families import Family, PolicyAdapter, make_adapter
-from libero_eval.published import check_published_config
 from libero_eval.rollout.auto import RENDER_GPU_SHARE
 from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
@@ -50,6 +51,10 @@ __all__ = [
     "validate_config",
 ]
 
+
+# The key of `report.published` that stands for the run's suites pooled (the schema's
+# description; `libero_eval.published` compares it with the overall row).
+PUBLISHED_OVERALL = "overall"
 
 # Backends whose server is a GPU process run by a command of its own (not the reference).
 GPU_BACKENDS = ("sglang", "openpi")
@@ -130,6 +135,27 @@ def check_config(config: dict[str, Any]) -> RunSettings:
             "rollout.send_privileged_state: true (or use policy hold)"
         )
     return settings
+
+
+def check_published_config(report: Mapping[str, Any], suite_names: list[str]) -> None:
+    """Raise ValueError naming the field for what the schema cannot check: a published key that
+    is neither `overall` nor a registered suite (a typo would otherwise never be compared)."""
+    for key, entry in (report.get("published") or {}).items():
+        field = f"report.published.{key}"
+        if key != PUBLISHED_OVERALL and key not in suite_names:
+            close = difflib.get_close_matches(key, suite_names, n=3, cutoff=0.6)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(
+                f"{field}: {key!r} is not a suite name or {PUBLISHED_OVERALL!r}.{hint}"
+            )
+        rate = entry.get("rate")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            raise ValueError(f"{field}.rate: {rate!r} is not a fraction in [0, 1] (96.8% is 0.968)")
+        n = entry.get("n")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"{field}.n: {n!r} is not an episode count >= 1 (or null)")
+        if not str(entry.get("source") or "").strip():
+            raise ValueError(f"{field}.source: say where the figure comes from")
 
 
 def family_settings(config: dict[str, Any]) -> dict[str, Any]:

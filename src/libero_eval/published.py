@@ -23,7 +23,6 @@ The verdict is "consistent" when p >= alpha, else "differs (p = ...)". A suite i
 
 from __future__ import annotations
 
-import difflib
 import html
 import math
 from collections.abc import Mapping
@@ -34,8 +33,7 @@ from libero_eval import settings_schema
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
 
-# pandas and scipy.stats are imported where a check runs, not with the module: the config
-# check (`check_published_config`) needs neither, and Snakemake imports it at parse time.
+# pandas and scipy.stats are imported where a check runs, not with the module.
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -86,25 +84,6 @@ def verdict(p_value: float, alpha: float = REPORT["published_alpha"]) -> str:
         return "consistent"
     shown = f"{p_value:.3f}" if p_value >= 0.001 else f"{p_value:.1e}"
     return f"differs (p = {shown})"
-
-
-def check_published_config(report: Mapping[str, Any], suite_names: list[str]) -> None:
-    """Raise ValueError naming the field for what the schema cannot check: a published key that
-    is neither `overall` nor a registered suite (a typo would otherwise never be compared)."""
-    for key, entry in (report.get("published") or {}).items():
-        field = f"report.published.{key}"
-        if key != OVERALL and key not in suite_names:
-            close = difflib.get_close_matches(key, suite_names, n=3, cutoff=0.6)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(f"{field}: {key!r} is not a suite name or {OVERALL!r}.{hint}")
-        rate = entry.get("rate")
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
-            raise ValueError(f"{field}.rate: {rate!r} is not a fraction in [0, 1] (96.8% is 0.968)")
-        n = entry.get("n")
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(f"{field}.n: {n!r} is not an episode count >= 1 (or null)")
-        if not str(entry.get("source") or "").strip():
-            raise ValueError(f"{field}.source: say where the figure comes from")
 
 
 def _measured_row(table: pd.DataFrame, key: str) -> pd.Series | None:
