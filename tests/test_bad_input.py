@@ -23,7 +23,7 @@ import pytest
 from conftest import make_record, workflow_dir
 from snakemake.utils import validate
 
-from libero_eval.aggregate import write_summary
+from libero_eval.analysis.aggregate import write_summary
 from libero_eval.config import RunSettings
 from libero_eval.plan import Episode, make_shards, plan_table
 from libero_eval.rollout.runner import ShardFailed, run_shard

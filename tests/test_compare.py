@@ -16,7 +16,7 @@ from conftest import make_record
 from PIL import Image
 
 from libero_eval import cli
-from libero_eval.compare import (
+from libero_eval.analysis.compare import (
     SettingsDiffer,
     compare_runs,
     comparison_markdown,

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 from conftest import make_record
 
-from libero_eval.efficiency import (
+from libero_eval.analysis.efficiency import (
     Capacity,
     ServeLog,
     busy_seconds,
@@ -21,7 +21,7 @@ from libero_eval.efficiency import (
     slot_efficiency,
     write_efficiency,
 )
-from libero_eval.efficiency_inputs import EfficiencyInputError
+from libero_eval.analysis.efficiency_inputs import EfficiencyInputError
 from libero_eval.plan import Episode
 from libero_eval.store import EpisodeStore
 

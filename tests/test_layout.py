@@ -25,7 +25,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "eventlog",
             "faults",
             "failures",
-            "published",
             "service",
             "interrupt",
         ),
@@ -36,20 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # `reference`); neither imports the other (test below), both get settings built above.
     ("jobs", ("rollout", "serve", "reference")),
     ("config", ("config_layout", "config")),
-    (
-        "results",
-        (
-            "aggregate",
-            "compare",
-            "efficiency",
-            "efficiency_inputs",
-            "server_pace",
-            "timeline",
-            "leaderboard",
-            "robustness",
-            "selftest",
-        ),
-    ),
+    ("analysis", ("analysis",)),
     ("report", ("report",)),
     ("commands", ("cli", "schema_doc")),
 )

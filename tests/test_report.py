@@ -20,7 +20,7 @@ from docutils.core import publish_parts
 from PIL import Image
 
 from libero_eval import report
-from libero_eval.aggregate import steps_note, success_tables, wilson_interval
+from libero_eval.analysis.aggregate import steps_note, success_tables, wilson_interval
 from libero_eval.cli import main as cli_main
 from libero_eval.cli import run_status
 from libero_eval.config import RunSettings

@@ -148,7 +148,7 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from libero_eval.compare import (
+    from libero_eval.analysis.compare import (
         compare_runs,
         comparison_markdown,
         load_episodes,

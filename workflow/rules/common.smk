@@ -14,7 +14,7 @@ from libero_eval.serve.command import exposure_warning
 from libero_eval.interrupt import StopJobsOnSignal
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
-from libero_eval.timeline import record_end, record_launch
+from libero_eval.analysis.timeline import record_end, record_launch
 
 try:
     # the config's own families registered (policy.family_modules) and an older layout

@@ -4,7 +4,7 @@ import os
 import sys
 from pathlib import Path
 
-from libero_eval.compare import SettingsDiffer, compare_runs, recorded_settings
+from libero_eval.analysis.compare import SettingsDiffer, compare_runs, recorded_settings
 from libero_eval.report.comparison import write_comparison
 from libero_eval.store import read_results
 

@@ -18,8 +18,8 @@ from typing import Any
 import pandas as pd
 
 from libero_eval import settings_schema
-from libero_eval.aggregate import steps_note
-from libero_eval.published import published_checks
+from libero_eval.analysis.aggregate import steps_note
+from libero_eval.analysis.published import published_checks
 from libero_eval.report.comparison import comparison_html, difference_figure, write_comparison
 from libero_eval.report.figures import (
     METRIC_LABELS,

@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from libero_eval import settings_schema
-from libero_eval.compare import Comparison, comparison_markdown
+from libero_eval.analysis.compare import Comparison, comparison_markdown
 from libero_eval.report.figures import METRIC_LABELS, _level, _task_label, save_figure
 from libero_eval.report.tables import _html_table, html_page
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pandas as pd
 
+from libero_eval.analysis.timeline import GAPS
 from libero_eval.eventlog import log_event
 from libero_eval.report.tables import _html_table, html_page
-from libero_eval.timeline import GAPS
 
 # efficiency.csv column -> (heading, format); a NaN shows as "unknown"
 SHOWN = {

@@ -13,8 +13,8 @@ from typing import Any
 import pandas as pd
 
 from libero_eval import settings_schema
-from libero_eval.aggregate import METRICS
-from libero_eval.leaderboard import build_leaderboard
+from libero_eval.analysis.aggregate import METRICS
+from libero_eval.analysis.leaderboard import build_leaderboard
 from libero_eval.report.tables import html_page
 
 # the config's defaults (the schema's), for callers that give no value

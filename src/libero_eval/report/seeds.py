@@ -10,7 +10,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from libero_eval import settings_schema
-from libero_eval.aggregate import METRICS, per_seed_table, seeds_markdown
+from libero_eval.analysis.aggregate import METRICS, per_seed_table, seeds_markdown
 from libero_eval.report.figures import METRIC_LABELS, _level
 
 # the config's defaults (the schema's), for callers that give no value

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 
 from libero_eval import settings_schema
-from libero_eval.published import published_html
+from libero_eval.analysis.published import published_html
 from libero_eval.report.figures import _level
 
 # the config's defaults (the schema's), for callers that give no value

@@ -14,7 +14,7 @@ import pandas as pd
 from scipy.stats import norm
 
 from libero_eval import settings_schema
-from libero_eval.published import published_checks, published_markdown
+from libero_eval.analysis.published import published_checks, published_markdown
 from libero_eval.rollout.protocols import get_protocol
 
 # the config's defaults (the schema's), for callers that give no value

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from libero_eval.efficiency_inputs import (
+from libero_eval.analysis.efficiency_inputs import (
     Capacity,
     ServeLog,
     ServiceTimeline,
@@ -40,10 +40,15 @@ from libero_eval.efficiency_inputs import (
     read_serve_log,
     read_service_timeline,
 )
+from libero_eval.analysis.server_pace import full_batch_seconds, server_batches
+from libero_eval.analysis.timeline import COLUMNS as TIMELINE_COLUMNS
+from libero_eval.analysis.timeline import (
+    launch_time,
+    slot_timeline,
+    timeline_line,
+    timeline_markdown,
+)
 from libero_eval.eventlog import log_event
-from libero_eval.server_pace import full_batch_seconds, server_batches
-from libero_eval.timeline import COLUMNS as TIMELINE_COLUMNS
-from libero_eval.timeline import launch_time, slot_timeline, timeline_line, timeline_markdown
 
 # A slot below this fraction of its server's capacity gets a warning.
 LOW_FRACTION = 0.8

@@ -33,7 +33,7 @@ import pandas as pd
 from scipy.stats import binomtest
 
 from libero_eval import settings_schema
-from libero_eval.aggregate import METRICS
+from libero_eval.analysis.aggregate import METRICS
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")

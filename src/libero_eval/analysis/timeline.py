@@ -30,7 +30,7 @@ from typing import Any
 
 import psutil
 
-from libero_eval.efficiency_inputs import ServiceTimeline
+from libero_eval.analysis.efficiency_inputs import ServiceTimeline
 from libero_eval.eventlog import last_invocation_start, log_event, log_launch
 from libero_eval.serve.startup import describe_parts
 

@@ -21,8 +21,8 @@ import numpy as np
 import pandas as pd
 
 from libero_eval import settings_schema, suites
-from libero_eval.aggregate import METRICS, wilson_interval
-from libero_eval.compare import compare_runs
+from libero_eval.analysis.aggregate import METRICS, wilson_interval
+from libero_eval.analysis.compare import compare_runs
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
