@@ -1,5 +1,5 @@
-"""Where a run's wall time went (`libero_eval.timeline`), on plain numbers: the π0.5 openpi run
-of issue 39's table (one H200, main 2814e16), as its logs would have said it."""
+"""Where a run's wall time went (`libero_eval.analysis.timeline`), on plain numbers: the π0.5
+openpi run of issue 39's table (one H200, main 2814e16), as its logs would have said it."""
 
 from __future__ import annotations
 

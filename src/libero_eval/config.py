@@ -53,7 +53,7 @@ __all__ = [
 
 
 # The key of `report.published` that stands for the run's suites pooled (the schema's
-# description; `libero_eval.published` compares it with the overall row).
+# description; `libero_eval.analysis.published` compares it with the overall row).
 PUBLISHED_OVERALL = "overall"
 
 # Backends whose server is a GPU process run by a command of its own (not the reference).
@@ -444,9 +444,9 @@ class RunSettings:
     @cached_property
     def recorded_settings(self) -> dict[str, Any]:
         """What a run records of its settings beside its summary (`summary/settings.json`,
-        read back by `libero_eval.compare.recorded_settings`): the rollout fields that define
-        its episodes, all the schema does not mark `x-fingerprint: false`, as the fingerprint
-        takes them."""
+        read back by `libero_eval.analysis.compare.recorded_settings`): the rollout fields that
+        define its episodes, all the schema does not mark `x-fingerprint: false`, as the
+        fingerprint takes them."""
         rollout = settings_schema.without_outcome_neutral(self.config["rollout"], "rollout")
         return {"rollout": rollout}
 

@@ -187,7 +187,7 @@ def on_start():
     rollouts = [
         j for j in workflow.dag.needrun_jobs() if getattr(j, "name", "") == "rollout"
     ]
-    # the run's launch, for the report's "where the wall time went" (libero_eval.timeline)
+    # the run's launch, for the report's "where the wall time went" (libero_eval.analysis.timeline)
     record_launch(EVENT_LOG, len(rollouts))
     if workflow.local_exec:
         STOP.install()

@@ -155,7 +155,8 @@ def markdown_summary(
 ) -> str:
     """A Markdown report: suites and overall first, with how steps count (`steps_note`), then
     the seeds (`seeds_markdown`, several seeds only), measured against published (when
-    `published`, from `libero_eval.published.published_checks`, has rows), then every task."""
+    `published`, from `libero_eval.analysis.published.published_checks`, has rows), then
+    every task."""
     level = f"{round(confidence * 100)}%"
     header = (
         f"| suite | task | success_once ({level} CI) | success_at_end ({level} CI) "
@@ -314,9 +315,9 @@ def write_summary(
 ) -> pd.DataFrame:
     """Read shard tables, check them against the plan, write every summary output. With
     `published` (report.published) the Markdown and per_suite.csv also hold the check of
-    each published figure (`libero_eval.published`). `recorded_settings` (the run's
+    each published figure (`libero_eval.analysis.published`). `recorded_settings` (the run's
     episode-defining settings, `RunSettings.recorded_settings`) go to `outputs["settings"]`
-    as JSON, for `libero_eval.compare`."""
+    as JSON, for `libero_eval.analysis.compare`."""
     import json
 
     from libero_eval.eventlog import log_event

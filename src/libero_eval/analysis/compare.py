@@ -6,8 +6,8 @@ Runs share LIBERO's fixed init states, so the comparison is per episode: a pair 
 difference in success rate is `(gained - lost) / n_pairs`; its significance is McNemar's exact
 test (a two-sided binomial test of `gained` out of `gained + lost` at p = 0.5) and its
 uncertainty a paired bootstrap interval (episode pairs resampled with replacement, fixed seed).
-Episodes that ended with an error count as failures, as in `libero_eval.aggregate`; episodes
-present in only one run are reported, never silently dropped.
+Episodes that ended with an error count as failures, as in `libero_eval.analysis.aggregate`;
+episodes present in only one run are reported, never silently dropped.
 
 A pair is the same episode only when both runs defined their episodes alike: the settings the
 schema does not mark `x-fingerprint: false` under `rollout` (protocol, step limit, reset

@@ -8,15 +8,16 @@ service file (`results/<run>/servers/slot<K>.json`) may hold the server's measur
 (`"capacity"`, a probe of latency against batch size); without it the fraction of capacity
 is unknown and is reported so, never estimated. A slot's serve log (`logs/<run>/serve/slot<K>.log`)
 says whether SGLang ran out of CUDA graphs, how many it captured while serving, and how many
-requests each batch it ran while serving merged (`libero_eval.efficiency_inputs` reads all
+requests each batch it ran while serving merged (`libero_eval.analysis.efficiency_inputs` reads all
 three). The server's own pace, its seconds per full batch in the run, comes from the answers
-(`libero_eval.server_pace`).
+(`libero_eval.analysis.server_pace`).
 
 `slot_efficiency` computes the figures of one slot, `diagnose` turns them into a warning
 with its likely cause and the setting to change, and `write_efficiency` is the aggregate
 step's part: `summary/efficiency.csv`, the "Efficiency" section of `summary/summary.md` and
 one event-log line per slot. Each slot's row also says where the run's wall time went, from
-the workflow's launch to the aggregate step, against its server's bound (`libero_eval.timeline`).
+the workflow's launch to the aggregate step, against its server's bound
+(`libero_eval.analysis.timeline`).
 """
 
 from __future__ import annotations
@@ -101,7 +102,7 @@ COLUMNS = (
     "probe_full_batch_s",
     "cause",
     "warning",
-    *TIMELINE_COLUMNS,  # where the wall time went (libero_eval.timeline)
+    *TIMELINE_COLUMNS,  # where the wall time went (libero_eval.analysis.timeline)
 )
 
 
@@ -251,7 +252,7 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
     (a') the server's log says it ran out of CUDA graphs: batches of new shapes ran eagerly;
     (b) the server slowed down while the envs ran (shapes without CUDA graphs, contention):
         its full batches, back to back in the run, took over `SLOWDOWN` x the probes' fit
-        (`libero_eval.server_pace`), or without such batches, the mean latency was over
+        (`libero_eval.analysis.server_pace`), or without such batches, the mean latency was over
         `SLOWDOWN` x the fit at the run's batch;
     (c) batch fill below `LOW_FILL` with the envs stepping as long as they wait, or at a
         server that merges any prompts: the envs are not back before the server is free,
@@ -350,7 +351,7 @@ def efficiency_table(
 ) -> pd.DataFrame:
     """One row per slot (`COLUMNS`), its shards' logs merged, sorted by slot; with its
     server's timeline (`timelines`), the workflow's ``launch`` and the ``aggregate`` step's
-    time (epochs), where its wall time went (`libero_eval.timeline`)."""
+    time (epochs), where its wall time went (`libero_eval.analysis.timeline`)."""
     by_slot: dict[int, list[Mapping[str, Any]]] = {}
     for log in logs:
         by_slot.setdefault(int(log["slot"]), []).append(log)
@@ -485,7 +486,7 @@ def write_efficiency(
     file, which may be gone) and its serve log's CUDA-graph and batch lines (`serve_logs`),
     write the CSV, append the "Efficiency" section to the summary Markdown and log a line per
     slot (plus its warning, and where its wall time went: the event log's "workflow launch"
-    to now, `libero_eval.timeline`)."""
+    to now, `libero_eval.analysis.timeline`)."""
     logs = [read_dispatch_log(p) for p in dispatch_paths]
     slots = {int(log["slot"]) for log in logs}
     capacities = {s: read_capacity(service_files[s]) if s in service_files else None for s in slots}

@@ -3,7 +3,7 @@
 A perturbation task pairs with a clean task when it is the same task (`libero_eval.suites.
 pairing`: matched by name or goal, not a `_task` rewrite, the same number of stored init
 states); then its episode with init state k pairs with the clean episode of that task with
-init state k, and the paired comparison of `libero_eval.compare` applies (difference,
+init state k, and the paired comparison of `libero_eval.analysis.compare` applies (difference,
 McNemar's exact test, paired bootstrap interval), per task and over the suite. LIBERO-PRO
 stores its own init states per suite, so a pair shares the task and the init-state index, not
 the exact object poses: pairing then gains power where outcomes correlate and, under equal

@@ -5,7 +5,7 @@ Everything here reads the aggregated tables (`results/<run>/summary/episodes.par
 data (videos as data URIs), JSON provenance. The workflow's figure rule marks them for
 `snakemake --report`. One module per kind of output: `figures`, `tables`, `provenance`,
 `videos`, `efficiency` (each slot's use of its server), and `comparison` (two runs side by
-side, on top of `libero_eval.compare`).
+side, on top of `libero_eval.analysis.compare`).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """A paired comparison of two runs, drawn: the difference figure, the HTML page, and every
-output of the `compare` rule. The statistics are `libero_eval.compare`'s."""
+output of the `compare` rule. The statistics are `libero_eval.analysis.compare`'s."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
-"""The report's efficiency page: each server slot's use of its server (`libero_eval.efficiency`,
-from `summary/efficiency.csv`), one row per slot, then the warnings, then where each slot's
-wall time went (`libero_eval.timeline`), to the report itself: the time this page is written."""
+"""The report's efficiency page: each server slot's use of its server
+(`libero_eval.analysis.efficiency`, from `summary/efficiency.csv`), one row per slot, then the
+warnings, then where each slot's wall time went (`libero_eval.analysis.timeline`), to the report
+itself: the time this page is written."""
 
 from __future__ import annotations
 

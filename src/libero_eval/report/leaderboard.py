@@ -1,4 +1,4 @@
-"""The leaderboard (`libero_eval.leaderboard`) as Markdown, CSV and one self-contained HTML
+"""The leaderboard (`libero_eval.analysis.leaderboard`) as Markdown, CSV and one self-contained HTML
 page: a sortable, filterable table per comparison group (inline CSS and JavaScript, nothing
 fetched), each group's comparable pairs with `libero-eval compare`, and the runs left out."""
 

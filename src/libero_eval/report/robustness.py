@@ -1,5 +1,5 @@
 """The robustness report drawn: the perturbation x task heatmap, the HTML page, and every
-output of the `report_robustness` rule. The statistics are `libero_eval.robustness`'s."""
+output of the `report_robustness` rule. The statistics are `libero_eval.analysis.robustness`'s."""
 
 from __future__ import annotations
 

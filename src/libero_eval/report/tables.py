@@ -59,7 +59,7 @@ def success_table_html(
 ) -> str:
     """Suites, overall and every task with both metrics and their Wilson intervals; then the
     seeds' spread (`seeds_section`, `report.seeds.seeds_html`, several seeds only); with
-    `published` rows (`libero_eval.published.published_checks`), measured against published
+    `published` rows (`libero_eval.analysis.published.published_checks`), measured against published
     after the suites."""
     level = _level(confidence)
 
@@ -100,7 +100,7 @@ def success_overview_rst(
 ) -> str:
     """The report's first screen (reStructuredText, included by workflow/report/workflow.rst):
     each suite's and the overall success with their Wilson intervals, episodes, errors and
-    mean steps, and how steps count (`steps`, `libero_eval.aggregate.steps_note`)."""
+    mean steps, and how steps count (`steps`, `libero_eval.analysis.aggregate.steps_note`)."""
     level = _level(confidence)
 
     def cell(text: object) -> str:
