@@ -270,7 +270,7 @@ def test_markdown_summarizes_runs_overall_tasks_and_flips():
     assert markdown.startswith("# Paired comparison: `cand` vs `base`")
     assert (
         f"| **all** | 30.0% (3/10) | 60.0% (6/10) | +30.0 [{100 * low:+.1f}, {100 * high:+.1f}] "
-        f"| 4 | 1 | {mcnemar_exact(1, 4):.4f} |" in markdown
+        f"| 4 | 1 | {mcnemar_exact(1, 4):.3g} |" in markdown  # p as every table shows it
     )
     assert "## Flipped episodes (5)" in markdown
 

@@ -34,6 +34,14 @@ from scipy.stats import binomtest
 
 from libero_eval import settings_schema
 from libero_eval.analysis.aggregate import METRICS
+from libero_eval.analysis.display import (
+    confidence_level,
+    first_line,
+    markdown_table,
+    p_value,
+    percent,
+    points_ci,
+)
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
@@ -409,88 +417,100 @@ def compare_runs(
     )
 
 
-def _pct(value: float, decimals: int) -> str:
-    return "n/a" if math.isnan(value) else f"{100 * value:.{decimals}f}%"
+def difference_cells(
+    comparison: Comparison, part: pd.DataFrame, labels: list[str], decimals: int
+) -> pd.DataFrame:
+    """Rows of `comparison.table` as text, the same for the Markdown and the report's page:
+    each run's rate (successes / pairs), the difference with its bootstrap interval, gained,
+    lost and McNemar's p; `labels` name the rows."""
+    c = comparison
+    level = confidence_level(c.confidence)
+
+    def rate(side: str) -> list[str]:
+        columns = (part[f"{side}_rate"], part[f"{side}_successes"], part["n_pairs"])
+        return [f"{percent(r, decimals)} ({k}/{n})" for r, k, n in zip(*columns, strict=True)]
+
+    low, high = part["difference_ci_low"], part["difference_ci_high"]
+    return pd.DataFrame(
+        {
+            "": labels,
+            f"{c.baseline} (baseline)": rate("baseline"),
+            f"{c.candidate} (candidate)": rate("candidate"),
+            f"difference, points ({level} bootstrap CI)": [
+                points_ci(d, lo, hi, decimals)
+                for d, lo, hi in zip(part["difference"], low, high, strict=True)
+            ],
+            "gained": part["gained"].to_numpy(),
+            "lost": part["lost"].to_numpy(),
+            "McNemar exact p": [p_value(p) for p in part["mcnemar_p"]],
+        }
+    )
 
 
-def _signed_pct(value: float, decimals: int) -> str:
-    return "n/a" if math.isnan(value) else f"{100 * value:+.{decimals}f}"
-
-
-def _p(value: float) -> str:
-    return f"{value:.4f}" if value >= 1e-4 else f"{value:.1e}"
+def task_labels(tasks: pd.DataFrame) -> list[str]:
+    """``libero_spatial 3: pick up the ...`` per task row."""
+    columns = (tasks["suite"], tasks["task_id"], tasks["task_language"])
+    return [f"{suite} {t}: {language}" for suite, t, language in zip(*columns, strict=True)]
 
 
 def comparison_markdown(comparison: Comparison, decimals: int = REPORT["decimals"]) -> str:
     """The comparison as Markdown: overall and suites, tasks, flipped and unmatched episodes."""
     c = comparison
-    level = f"{round(c.confidence * 100)}%"
-    header = (
-        f"| | `{c.baseline}` | `{c.candidate}` | difference, points ({level} bootstrap CI) "
-        "| gained | lost | McNemar exact p |\n|---|---|---|---|---|---|---|\n"
-    )
-
-    def line(row: pd.Series, label: str) -> str:
-        return (
-            f"| {label} | {_pct(row['baseline_rate'], decimals)} "
-            f"({row['baseline_successes']}/{row['n_pairs']}) "
-            f"| {_pct(row['candidate_rate'], decimals)} "
-            f"({row['candidate_successes']}/{row['n_pairs']}) "
-            f"| {_signed_pct(row['difference'], decimals)} "
-            f"[{_signed_pct(row['difference_ci_low'], decimals)}, "
-            f"{_signed_pct(row['difference_ci_high'], decimals)}] "
-            f"| {row['gained']} | {row['lost']} | {_p(row['mcnemar_p'])} |\n"
-        )
-
-    overall = c.overall
+    summary = c.table[c.table["level"] != "task"]
+    tasks = c.table[c.table["level"] == "task"]
+    labels = [
+        "**all**" if v == "overall" else s
+        for v, s in zip(summary["level"], summary["suite"], strict=True)
+    ]
+    runs = c.runs.rename(columns={c.metric: "successes"})
+    runs["run"] = [f"`{run}`" for run in runs["run"]]
     parts = [
         f"# Paired comparison: `{c.candidate}` vs `{c.baseline}`\n\n",
-        f"Metric `{c.metric}`; {overall['n_pairs']} episode pairs matched by "
+        f"Metric `{c.metric}`; {c.overall['n_pairs']} episode pairs matched by "
         "(suite, task, init state). Difference = candidate - baseline; gained = candidate "
         "succeeded where baseline failed, lost = the reverse.\n\n",
-        "| run | episodes | successes | errors | protocol | seed |\n|---|---|---|---|---|---|\n",
+        markdown_table(runs),
     ]
-    for _, run in c.runs.iterrows():
-        parts.append(
-            f"| `{run['run']}` | {run['episodes']} | {run[c.metric]} | {run['errors']} "
-            f"| {run['protocol']} | {run['seed']} |\n"
-        )
-    for warning in c.warnings:
-        parts.append(f"\n> **Warning.** {warning}\n")
-    parts += ["\n## Overall and suites\n\n", header]
-    for _, row in c.table[c.table["level"] != "task"].iterrows():
-        parts.append(line(row, "**all**" if row["level"] == "overall" else row["suite"]))
-    parts += ["\n## Tasks\n\n", header]
-    for _, row in c.table[c.table["level"] == "task"].iterrows():
-        parts.append(line(row, f"{row['suite']} {row['task_id']}: {row['task_language']}"))
+    parts += [f"\n> **Warning.** {warning}\n" for warning in c.warnings]
+    parts += [
+        "\n## Overall and suites\n\n",
+        markdown_table(difference_cells(c, summary, labels, decimals)),
+    ]
+    parts += [
+        "\n## Tasks\n\n",
+        markdown_table(difference_cells(c, tasks, task_labels(tasks), decimals)),
+    ]
     parts.append(f"\n## Flipped episodes ({len(c.flipped)})\n\n")
     if len(c.flipped):
-        parts.append("| suite | task | init state | change | baseline error | candidate error |\n")
-        parts.append("|---|---|---|---|---|---|\n")
-        for _, row in c.flipped.iterrows():
-            parts.append(
-                f"| {row['suite']} | {row['task_id']} | {row['init_state_id']} | {row['change']} "
-                f"| {_cell(row['baseline_error'])} | {_cell(row['candidate_error'])} |\n"
-            )
+        flipped = pd.DataFrame(
+            {
+                "suite": c.flipped["suite"],
+                "task": c.flipped["task_id"],
+                "init state": c.flipped["init_state_id"],
+                "change": c.flipped["change"],
+                "baseline error": c.flipped["baseline_error"].map(first_line),
+                "candidate error": c.flipped["candidate_error"].map(first_line),
+            }
+        )
+        parts.append(markdown_table(flipped))
     else:
         parts.append("None: every pair has the same outcome.\n")
     parts.append(f"\n## Unmatched episodes ({len(c.unmatched)})\n\n")
     if len(c.unmatched):
-        parts.append(
-            "Present in one run only, left out of every number above.\n\n"
-            "| suite | task | init state | seed | only in |\n|---|---|---|---|---|\n"
+        u = c.unmatched
+        unmatched = pd.DataFrame(
+            {
+                "suite": u["suite"],
+                "task": u["task_id"],
+                "init state": u["init_state_id"],
+                "seed": u["seed"].map(first_line) if "seed" in u else "",
+                "only in": [f"`{run}`" for run in u["only_in"]],
+            }
         )
-        for _, row in c.unmatched.iterrows():
-            parts.append(
-                f"| {row['suite']} | {row['task_id']} | {row['init_state_id']} "
-                f"| {_cell(row.get('seed'))} | `{row['only_in']}` |\n"
-            )
+        parts += [
+            "Present in one run only, left out of every number above.\n\n",
+            markdown_table(unmatched),
+        ]
     else:
         parts.append("None: both runs evaluated the same episodes.\n")
     return "".join(parts)
-
-
-def _cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return ""
-    return str(value).splitlines()[0].replace("|", "\\|")[:120]

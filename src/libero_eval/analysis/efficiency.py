@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from libero_eval.analysis.display import markdown_table, number
 from libero_eval.analysis.efficiency_inputs import (
     Capacity,
     ServeLog,
@@ -367,14 +368,6 @@ def efficiency_table(
 # --------------------------------------------------------------------------- text
 
 
-def _num(value: float, form: str, unknown: str = "n/a") -> str:
-    return (
-        unknown
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else (format(value, form))
-    )
-
-
 def _no_requests(row: Mapping[str, Any]) -> str:
     """Why a slot has no figures: all its episodes reused, or a log without its requests."""
     if not row["episodes_run"]:
@@ -390,7 +383,7 @@ def efficiency_line(row: Mapping[str, Any]) -> str:
     if not row["requests"]:
         return f"slot {row['slot']} efficiency: {_no_requests(row)}"
     capacity = (
-        f"{_num(row['capacity_fraction'], '.0%')} of {row['capacity_obs_per_s']:.2f} capacity"
+        f"{number(row['capacity_fraction'], '.0%')} of {row['capacity_obs_per_s']:.2f} capacity"
         if not math.isnan(row["capacity_obs_per_s"])
         else "capacity unknown"
     )
@@ -413,10 +406,10 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
             reason = _no_requests(row)
             parts.append(f"{reason[0].upper()}{reason[1:]}.\n")
             continue
-        fraction = _num(row["capacity_fraction"], ".0%", "unknown (no capacity probe)")
+        fraction = number(row["capacity_fraction"], ".0%", "unknown (no capacity probe)")
         figures = [
             ("observations/s", f"{row['obs_per_s']:.2f}"),
-            ("capacity obs/s", _num(row["capacity_obs_per_s"], ".2f", "unknown")),
+            ("capacity obs/s", number(row["capacity_obs_per_s"], ".2f", "unknown")),
             ("fraction of capacity", fraction),
             ("requests (failed)", f"{row['requests']} ({row['failed_requests']})"),
             ("observations (answered ok)", f"{row['observations']} ({row['observations_ok']})"),
@@ -428,13 +421,14 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
             ("duty (request in flight)", f"{row['duty']:.2f}"),
             (
                 "latency mean / p50 / p95",
-                f"{_num(row['latency_mean_s'], '.2f')} / {_num(row['latency_p50_s'], '.2f')}"
-                f" / {_num(row['latency_p95_s'], '.2f')} s",
+                f"{number(row['latency_mean_s'], '.2f')} / {number(row['latency_p50_s'], '.2f')}"
+                f" / {number(row['latency_p95_s'], '.2f')} s",
             ),
-            ("predicted latency (probe fit)", _num(row["predicted_latency_s"], ".2f") + " s"),
+            ("predicted latency (probe fit)", number(row["predicted_latency_s"], ".2f") + " s"),
             (
                 "a full batch, in the run / at the probe",
-                f"{_num(row['full_batch_s'], '.3f')} / {_num(row['probe_full_batch_s'], '.3f')} s",
+                f"{number(row['full_batch_s'], '.3f')} / "
+                f"{number(row['probe_full_batch_s'], '.3f')} s",
             ),
             (
                 "envs waiting / stepping (of envs)",
@@ -463,8 +457,7 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
                     f"each on average (of {row['server_batch']})",
                 )
             )
-        parts.append("| figure | value |\n|---|---|\n")
-        parts.extend(f"| {name} | {value} |\n" for name, value in figures)
+        parts.append(markdown_table(pd.DataFrame(figures, columns=["figure", "value"])))
         if row["warning"]:
             parts.append(f"\n**Warning:** {row['warning']}\n")
         parts.append(timeline_markdown(row))

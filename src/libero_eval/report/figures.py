@@ -10,6 +10,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from libero_eval import settings_schema
+from libero_eval.analysis.display import confidence_level
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
@@ -21,10 +22,6 @@ def save_figure(figure: Figure, path: str | Path) -> None:
     """Save as PNG (Agg) with a white background."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110, facecolor="white", bbox_inches="tight")
-
-
-def _level(confidence: float) -> str:
-    return f"{round(confidence * 100)}%"
 
 
 def _note(axes, text: str) -> None:
@@ -76,7 +73,7 @@ def success_by_task_figure(
     axes.set_yticks(positions, [_task_label(row) for _, row in tasks.iterrows()], fontsize=8)
     axes.set_xlim(0, 100)
     axes.set_xlabel("success rate (%)")
-    axes.set_title(f"Success per task ({_level(confidence)} Wilson CI)")
+    axes.set_title(f"Success per task ({confidence_level(confidence)} Wilson CI)")
     axes.grid(axis="x", alpha=0.3)
     axes.legend(loc="lower right", fontsize=8)
     return figure
@@ -98,7 +95,7 @@ def success_by_suite_figure(
     axes.set_xticks(positions, labels, fontsize=9)
     axes.set_ylim(0, 105)
     axes.set_ylabel("success rate (%)")
-    axes.set_title(f"Success per suite ({_level(confidence)} Wilson CI)")
+    axes.set_title(f"Success per suite ({confidence_level(confidence)} Wilson CI)")
     axes.grid(axis="y", alpha=0.3)
     axes.legend(fontsize=8)
     return figure

@@ -9,8 +9,9 @@ from typing import Any
 import pandas as pd
 
 from libero_eval import settings_schema
+from libero_eval.analysis.aggregate import METRICS
+from libero_eval.analysis.display import confidence_level, number, rate_cells, rate_ci
 from libero_eval.analysis.published import published_html
-from libero_eval.report.figures import _level
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
@@ -39,14 +40,9 @@ def html_page(title: str, body: str) -> str:
     )
 
 
-def _html_table(frame: pd.DataFrame) -> str:
+def html_table(frame: pd.DataFrame) -> str:
+    """`frame` (cells as text, `libero_eval.analysis.display`) as an HTML table."""
     return frame.to_html(index=False, border=0, na_rep="", escape=True)
-
-
-def _ci_cell(value: float, low: float, high: float, decimals: int) -> str:
-    if math.isnan(value):
-        return "n/a"
-    return f"{100 * value:.{decimals}f}% [{100 * low:.{decimals}f}, {100 * high:.{decimals}f}]"
 
 
 def success_table_html(
@@ -61,7 +57,7 @@ def success_table_html(
     seeds' spread (`seeds_section`, `report.seeds.seeds_html`, several seeds only); with
     `published` rows (`libero_eval.analysis.published.published_checks`), measured against published
     after the suites."""
-    level = _level(confidence)
+    level = confidence_level(confidence)
 
     def rows(part: pd.DataFrame, task_label: bool) -> pd.DataFrame:
         frame = pd.DataFrame({"suite": part["suite"]})
@@ -70,11 +66,8 @@ def success_table_html(
                 f"{t}: {lang}"
                 for t, lang in zip(part["task_id"], part["task_language"], strict=True)
             ]
-        for metric in ("success_once", "success_at_end"):
-            frame[f"{metric} ({level} Wilson CI)"] = [
-                _ci_cell(r[metric], r[f"{metric}_ci_low"], r[f"{metric}_ci_high"], decimals)
-                for _, r in part.iterrows()
-            ]
+        for metric in METRICS:
+            frame[f"{metric} ({level} Wilson CI)"] = rate_cells(part, metric, decimals)
         frame["episodes"] = part["num_trajectories"].to_numpy()
         frame["errors"] = part["num_errors"].to_numpy()
         frame["mean steps"] = part["mean_steps"].round(0).to_numpy()
@@ -83,10 +76,10 @@ def success_table_html(
     suites = table[table["level"] != "task"]
     tasks = table[table["level"] == "task"]
     body = (
-        f"<h2>Suites and overall</h2>{_html_table(rows(suites, False))}"
+        f"<h2>Suites and overall</h2>{html_table(rows(suites, False))}"
         + seeds_section
         + (published_html(published, confidence, decimals, alpha) if published is not None else "")
-        + f"<h2>Tasks</h2>{_html_table(rows(tasks, True))}"
+        + f"<h2>Tasks</h2>{html_table(rows(tasks, True))}"
     )
     return html_page("Success per task and suite", body)
 
@@ -101,7 +94,7 @@ def success_overview_rst(
     """The report's first screen (reStructuredText, included by workflow/report/workflow.rst):
     each suite's and the overall success with their Wilson intervals, episodes, errors and
     mean steps, and how steps count (`steps`, `libero_eval.analysis.aggregate.steps_note`)."""
-    level = _level(confidence)
+    level = confidence_level(confidence)
 
     def cell(text: object) -> str:
         return str(text).replace("|", "\\|").replace("*", "\\*")
@@ -120,13 +113,10 @@ def success_overview_rst(
         rows.append(
             [
                 "all" if r["level"] == "overall" else r["suite"],
-                *(
-                    _ci_cell(r[m], r[f"{m}_ci_low"], r[f"{m}_ci_high"], decimals)
-                    for m in ("success_once", "success_at_end")
-                ),
+                *(rate_ci(r[m], r[f"{m}_ci_low"], r[f"{m}_ci_high"], decimals) for m in METRICS),
                 r["num_trajectories"],
                 r["num_errors"],
-                "n/a" if math.isnan(r["mean_steps"]) else f"{r['mean_steps']:.0f}",
+                number(r["mean_steps"], ".0f"),
             ]
         )
     for row in rows:
@@ -177,5 +167,5 @@ def failures_html(failures: pd.DataFrame, num_episodes: int) -> str:
     )
     total = int(failures["episodes"].sum()) if len(failures) else 0
     body = f"<p>{total} of {num_episodes} episodes failed (success_once false).</p>"
-    body += _html_table(shown) if len(failures) else "<p>No failures.</p>"
+    body += html_table(shown) if len(failures) else "<p>No failures.</p>"
     return html_page("Failures grouped by error", body)
