@@ -282,7 +282,7 @@ JUSTIFIED: dict[str, str] = {
     "policy/families/cosmos3/adapter.py:Cosmos3Adapter.family": (
         "the adapter's family name, no default"
     ),
-    "report/tables.py:failures_by_error.metric": (
+    "analysis/errors.py:failures_by_error.metric": (
         "the failure table counts episodes that never succeeded; no config field chooses it"
     ),
     **dict.fromkeys(
