@@ -10,7 +10,7 @@ import pytest
 
 from libero_eval.config import ConfigError, check_config
 from libero_eval.plan import Episode
-from libero_eval.rollout.env_worker import (
+from libero_eval.rollout.libero_env import (
     SETTLE_ACTION,
     EnvSettings,
     EpisodeOutcome,

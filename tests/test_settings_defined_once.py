@@ -480,7 +480,7 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
     """(dataclass, the schema section it projects, its fields from other sections as dotted
     schema fields, its fields that are no config field with why)."""
     from libero_eval.failures import FailurePolicy
-    from libero_eval.rollout.env_worker import EnvSettings
+    from libero_eval.rollout.libero_env import EnvSettings
     from libero_eval.rollout.runner import ShardSettings
     from libero_eval.serve.settings import OpenpiServerSettings, SglangServerSettings
 

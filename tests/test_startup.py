@@ -25,7 +25,8 @@ from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 from libero_eval.rollout import auto
 from libero_eval.rollout.dispatch_log import TIMELINE
-from libero_eval.rollout.env_worker import Command, EpisodeOutcome, Reply, Status
+from libero_eval.rollout.env_worker import Command, Reply, Status
+from libero_eval.rollout.libero_env import EpisodeOutcome
 from libero_eval.rollout.runner import run_shard
 from libero_eval.service import ServiceUnavailableError
 from libero_eval.settings_schema import defaults

@@ -34,7 +34,7 @@ from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.policy.connection import policy_connection_spec
 from libero_eval.policy.families import Family, PolicyAdapter, make_adapter
 from libero_eval.rollout.auto import RENDER_GPU_SHARE
-from libero_eval.rollout.env_worker import EnvSettings
+from libero_eval.rollout.libero_env import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.rollout.render_device import RenderPlan, plan_render_env
 from libero_eval.rollout.runner import ShardSettings

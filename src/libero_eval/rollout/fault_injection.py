@@ -35,7 +35,8 @@ from libero_eval.faults import Faults
 from libero_eval.plan import Episode
 from libero_eval.policy.connection import ConnectionSpec, PolicyConnection, connect
 from libero_eval.policy.errors import PolicyRequestRejected
-from libero_eval.rollout.env_worker import Command, EnvWorker, EpisodeSpec, Reply, Status
+from libero_eval.rollout.env_worker import Command, EnvWorker, Reply, Status
+from libero_eval.rollout.libero_env import EpisodeSpec
 from libero_eval.store import EpisodeStore
 
 INJECTED_ENV_ERROR = "RuntimeError: injected env error (LIBERO_EVAL_FAULT)"

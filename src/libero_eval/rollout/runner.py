@@ -46,13 +46,8 @@ from libero_eval.policy.errors import PolicyClientError
 from libero_eval.rollout.auto import ShardChoices, start_count
 from libero_eval.rollout.dispatch import Dispatcher, LatencyModel
 from libero_eval.rollout.dispatch_log import DispatchLog
-from libero_eval.rollout.env_worker import (
-    Command,
-    EnvWorker,
-    EpisodeOutcome,
-    EpisodeSpec,
-    Status,
-)
+from libero_eval.rollout.env_worker import Command, EnvWorker, Status
+from libero_eval.rollout.libero_env import EpisodeOutcome, EpisodeSpec
 from libero_eval.rollout.policy_calls import PolicyCalls
 from libero_eval.rollout.records import episode_record, save_video
 from libero_eval.rollout.scheduler import EpisodeScheduler, RunningEpisode
