@@ -453,7 +453,7 @@ def test_a_reused_shard_writes_a_dispatch_log_without_requests(tmp_path, default
     """run_shard(dispatch_log=...) on a shard whose episodes are all in the store: no server,
     no env, a readable log with empty requests."""
     from libero_eval.config import RunSettings
-    from libero_eval.rollout.runner import run_shard
+    from libero_eval.rollout.shard_run import run_shard
 
     episodes = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
     store = EpisodeStore(tmp_path / "episodes")

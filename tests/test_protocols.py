@@ -19,7 +19,7 @@ from libero_eval.rollout.libero_env import (
 )
 from libero_eval.rollout.protocols import episode_seed, get_protocol, reset_seed_of
 from libero_eval.rollout.records import episode_record
-from libero_eval.rollout.runner import ShardSettings
+from libero_eval.rollout.shard_settings import ShardSettings
 from libero_eval.settings_schema import build, default
 
 CHUNK = 16

@@ -481,7 +481,7 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
     schema fields, its fields that are no config field with why)."""
     from libero_eval.failures import FailurePolicy
     from libero_eval.rollout.libero_env import EnvSettings
-    from libero_eval.rollout.runner import ShardSettings
+    from libero_eval.rollout.shard_settings import ShardSettings
     from libero_eval.serve.settings import OpenpiServerSettings, SglangServerSettings
 
     job = "the job's own, set where the job is composed (libero_eval.config)"

@@ -27,7 +27,7 @@ from libero_eval.rollout import auto
 from libero_eval.rollout.dispatch_log import TIMELINE
 from libero_eval.rollout.env_worker import Command, Reply, Status
 from libero_eval.rollout.libero_env import EpisodeOutcome
-from libero_eval.rollout.runner import run_shard
+from libero_eval.rollout.shard_run import run_shard
 from libero_eval.service import ServiceUnavailableError
 from libero_eval.settings_schema import defaults
 from libero_eval.store import EpisodeStore

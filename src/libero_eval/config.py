@@ -37,8 +37,8 @@ from libero_eval.rollout.auto import RENDER_GPU_SHARE
 from libero_eval.rollout.libero_env import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.rollout.render_device import RenderPlan, plan_render_env
-from libero_eval.rollout.runner import ShardSettings
 from libero_eval.rollout.shard_job import RolloutJob, ShardPaths
+from libero_eval.rollout.shard_settings import ShardSettings
 from libero_eval.serve.settings import ServerSettings
 from libero_eval.store import fingerprint
 
