@@ -7,21 +7,23 @@ import pandas as pd
 import pytest
 from conftest import make_record
 
+from libero_eval.analysis.diagnosis import diagnose
 from libero_eval.analysis.efficiency import (
-    Capacity,
-    ServeLog,
     busy_seconds,
-    diagnose,
     efficiency_line,
     efficiency_markdown,
     efficiency_table,
-    read_capacity,
-    read_dispatch_log,
-    read_serve_log,
     slot_efficiency,
     write_efficiency,
 )
-from libero_eval.analysis.efficiency_inputs import EfficiencyInputError
+from libero_eval.analysis.efficiency_inputs import (
+    Capacity,
+    EfficiencyInputError,
+    ServeLog,
+    read_capacity,
+    read_dispatch_log,
+    read_serve_log,
+)
 from libero_eval.plan import Episode
 from libero_eval.store import EpisodeStore
 
