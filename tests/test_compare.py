@@ -16,14 +16,13 @@ from conftest import make_record
 from PIL import Image
 
 from libero_eval import cli
+from libero_eval.analysis.comparable import SettingsDiffer, recorded_settings
 from libero_eval.analysis.compare import (
-    SettingsDiffer,
     compare_runs,
     comparison_markdown,
     load_episodes,
     mcnemar_exact,
     paired_bootstrap_ci,
-    recorded_settings,
 )
 from libero_eval.report.comparison import write_comparison
 from libero_eval.store import RESULT_COLUMNS, write_frame

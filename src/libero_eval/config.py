@@ -349,8 +349,8 @@ class RunSettings:
     @cached_property
     def recorded_settings(self) -> dict[str, Any]:
         """What a run records of its settings beside its summary (`summary/settings.json`,
-        read back by `libero_eval.analysis.compare.recorded_settings`): the rollout fields that
-        define its episodes, all the schema does not mark `x-fingerprint: false`, as the
+        read back by `libero_eval.analysis.comparable.recorded_settings`): the rollout fields
+        that define its episodes, all the schema does not mark `x-fingerprint: false`, as the
         fingerprint takes them."""
         rollout = settings_schema.without_outcome_neutral(self.config["rollout"], "rollout")
         return {"rollout": rollout}
