@@ -23,7 +23,6 @@ The verdict is "consistent" when p >= alpha, else "differs (p = ...)". A suite i
 
 from __future__ import annotations
 
-import html
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -181,7 +180,8 @@ def published_cells(
     return pd.DataFrame(rows, columns=columns)
 
 
-def _note(checks: pd.DataFrame, alpha: float) -> str:
+def published_note(checks: pd.DataFrame, alpha: float) -> str:
+    """What the section compares, and how."""
     return (
         f"{checks['metric'].iloc[0]} against the figures in report.published; two-sided exact "
         f"tests (Fisher's with the published n, else binomial against the published rate), "
@@ -198,21 +198,6 @@ def published_markdown(
     """The "Measured vs published" section of summary.md ("" when nothing is published)."""
     if not len(checks):
         return ""
-    return f"## Measured vs published\n\n{_note(checks, alpha)}\n\n" + markdown_table(
+    return f"## Measured vs published\n\n{published_note(checks, alpha)}\n\n" + markdown_table(
         published_cells(checks, confidence, decimals)
     )
-
-
-def published_html(
-    checks: pd.DataFrame,
-    confidence: float = REPORT["confidence_level"],
-    decimals: int = REPORT["decimals"],
-    alpha: float = REPORT["published_alpha"],
-) -> str:
-    """The same section as an HTML fragment ("" when nothing is published)."""
-    if not len(checks):
-        return ""
-    table = published_cells(checks, confidence, decimals).to_html(
-        index=False, border=0, na_rep="", escape=True
-    )
-    return f"<h2>Measured vs published</h2><p>{html.escape(_note(checks, alpha))}</p>{table}"

@@ -21,16 +21,9 @@ import numpy as np
 import pandas as pd
 
 from libero_eval import settings_schema, suites
+from libero_eval.analysis import display
 from libero_eval.analysis.aggregate import METRICS, wilson_interval
 from libero_eval.analysis.compare import compare_runs
-from libero_eval.analysis.display import (
-    confidence_level,
-    markdown_table,
-    p_value,
-    points,
-    points_ci,
-    rate_ci,
-)
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
@@ -255,14 +248,15 @@ def _rate_cells(t: pd.DataFrame, side: str, decimals: int) -> list[str]:
     """`side`'s rate with its Wilson interval and episode count, one cell per row."""
     columns = (t[f"{side}_rate"], t[f"{side}_ci_low"], t[f"{side}_ci_high"], t[f"n_{side}"])
     return [
-        f"{rate_ci(r, lo, hi, decimals)} (n={n})" for r, lo, hi, n in zip(*columns, strict=True)
+        f"{display.rate_ci(r, lo, hi, decimals)} (n={n})"
+        for r, lo, hi, n in zip(*columns, strict=True)
     ]
 
 
 def display_table(result: Robustness, decimals: int = REPORT["decimals"]) -> pd.DataFrame:
     """The table as text, the same for the Markdown and the report's page."""
     t = result.table
-    level = confidence_level(result.confidence)
+    level = display.confidence_level(result.confidence)
     return pd.DataFrame(
         {
             "suite": t["suite"],
@@ -272,7 +266,7 @@ def display_table(result: Robustness, decimals: int = REPORT["decimals"]) -> pd.
             f"clean ({level} Wilson)": _rate_cells(t, "clean", decimals),
             f"perturbed ({level} Wilson)": _rate_cells(t, "perturbed", decimals),
             f"difference, points ({level} bootstrap CI if paired)": [
-                points_ci(d, lo, hi, decimals) if paired else points(d, decimals)
+                display.points_ci(d, lo, hi, decimals) if paired else display.points(d, decimals)
                 for d, lo, hi, paired in zip(
                     t["difference"],
                     t["difference_ci_low"],
@@ -286,7 +280,7 @@ def display_table(result: Robustness, decimals: int = REPORT["decimals"]) -> pd.
                 for g, lo, paired in zip(t["gained"], t["lost"], t["paired"], strict=True)
             ],
             "McNemar exact p": [
-                p_value(p) if paired else ""
+                display.p_value(p) if paired else ""
                 for p, paired in zip(t["mcnemar_p"], t["paired"], strict=True)
             ],
             "note": t["note"].fillna(""),
@@ -316,5 +310,5 @@ def robustness_markdown(result: Robustness) -> str:
         if part.empty:
             parts.append("None.\n\n")
             continue
-        parts += [markdown_table(part), "\n"]
+        parts += [display.markdown_table(part), "\n"]
     return "".join(parts)

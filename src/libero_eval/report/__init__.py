@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from libero_eval import settings_schema
-from libero_eval.analysis.aggregate import steps_note
+from libero_eval.analysis.aggregate import per_seed_table, seeds_cells, steps_note
 from libero_eval.analysis.errors import failures_by_error
 from libero_eval.analysis.published import published_checks
 from libero_eval.report.comparison import comparison_html, difference_figure, write_comparison
@@ -96,6 +97,12 @@ class _Run:
         )
         self._provenance: dict[str, Any] | None = None
 
+    @cached_property
+    def seeds(self) -> pd.DataFrame | None:
+        """The seeds' table as summary.md has it (None for a single seed)."""
+        per_seed = per_seed_table(self.episodes, self.confidence)
+        return seeds_cells(self.table, per_seed, self.decimals)
+
     def provenance(self) -> dict[str, Any]:
         if self._provenance is None:
             self._provenance = provenance(
@@ -123,7 +130,7 @@ OUTPUT_WRITERS: dict[str, Callable[[_Run, Path], None]] = {
             r.decimals,
             r.published,
             r.alpha,
-            seeds_html(r.table, r.episodes, r.confidence, r.decimals),
+            seeds_html(r.seeds, r.confidence),
         )
     ),
     "success_by_seed": _figure(lambda r: success_by_seed_figure(r.episodes, r.confidence)),

@@ -10,7 +10,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from libero_eval import settings_schema
-from libero_eval.analysis.aggregate import METRICS, per_seed_table, seeds_cells
+from libero_eval.analysis.aggregate import METRICS, per_seed_table
 from libero_eval.analysis.display import confidence_level
 from libero_eval.report.figures import METRIC_LABELS
 from libero_eval.report.tables import html_table
@@ -74,15 +74,9 @@ def success_by_seed_figure(
     return figure
 
 
-def seeds_html(
-    table: pd.DataFrame,
-    episodes: pd.DataFrame,
-    confidence: float = REPORT["confidence_level"],
-    decimals: int = REPORT["decimals"],
-) -> str:
-    """The seeds section of the success table ("" for a single-seed run): the rows of
-    summary.md's "Seeds" section (`seeds_cells`)."""
-    cells = seeds_cells(table, per_seed_table(episodes, confidence), decimals)
+def seeds_html(cells: pd.DataFrame | None, confidence: float = REPORT["confidence_level"]) -> str:
+    """The seeds section of the success table ("" for a single-seed run): `cells` are the rows
+    of summary.md's "Seeds" section (`libero_eval.analysis.aggregate.seeds_cells`)."""
     if cells is None:
         return ""
     note = (
