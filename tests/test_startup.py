@@ -8,6 +8,7 @@ an event (the envs' first answers, a thread's end), never on a deadline.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import json
 import threading
 import time
@@ -123,7 +124,9 @@ class FakeWorker:
     def request_close(self) -> None:
         if self.process is not None and self.process.is_alive():
             self.closed_by_request = True
-            self.conn.send((Command.CLOSE, None))
+            # as EnvWorker.request_close: a worker that closed meanwhile is gone already
+            with contextlib.suppress(OSError):
+                self.conn.send((Command.CLOSE, None))
 
     def join(self, timeout_s: float) -> None:
         if self.process is not None:
