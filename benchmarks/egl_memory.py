@@ -40,7 +40,7 @@ def export_scene(path: Path, suite: str, task_id: int, size: int) -> None:
     import mujoco
     from libero.libero.envs import OffScreenRenderEnv
 
-    from libero_eval.rollout.env_worker import task_bddl_and_language
+    from libero_eval.rollout.libero_env import task_bddl_and_language
 
     bddl, language, _ = task_bddl_and_language(suite, task_id)
     env = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=size, camera_widths=size)

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from libero_eval.reference.policies.base import PolicyItem
     from libero_eval.reference.policies.scripted import ScriptedExpertPolicy
-    from libero_eval.rollout.env_worker import physics_only_env
+    from libero_eval.rollout.libero_env import physics_only_env
     from libero_eval.rollout.privileged import privileged_state
     from libero_eval.rollout.protocols import get_protocol, reset_seed_of
 

@@ -117,7 +117,7 @@ def record_expert_actions(
 
     from libero_eval.reference.policies.base import PolicyItem
     from libero_eval.reference.policies.scripted import ScriptedExpertPolicy
-    from libero_eval.rollout.env_worker import physics_only_env
+    from libero_eval.rollout.libero_env import physics_only_env
     from libero_eval.rollout.privileged import privileged_state
 
     suite = benchmark.get_benchmark_dict()[suite_name]()
@@ -160,7 +160,7 @@ def run_ours(
     spec: dict[str, Any], actions: np.ndarray, render_mode: str, reset_mode: str = "fast"
 ) -> list[dict]:
     sys.path.insert(0, str(REPO_ROOT / "src"))
-    from libero_eval.rollout.env_worker import (
+    from libero_eval.rollout.libero_env import (
         EnvSettings,
         EpisodeOutcome,
         EpisodeSpec,

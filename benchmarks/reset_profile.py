@@ -150,7 +150,7 @@ def instrument_env(timer: PhaseTimer, env) -> None:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from libero_eval.rollout.env_worker import (
+    from libero_eval.rollout.libero_env import (
         EnvSettings,
         EpisodeOutcome,
         EpisodeSpec,

@@ -7,7 +7,7 @@ RUN_DIR holds a run's ``summary/`` (results/<run>/summary: ``episodes.parquet``,
 ``efficiency.csv``), its ``shards/`` (the dispatch logs), its logs (``<run>/serve/slot0.log``,
 ``<run>/eval_embodiment.log``, from logs/) and, optionally, ``gpu.jsonl`` from
 tools/gpu/gpu_monitor.py (found as RUN_DIR/../gpu_<run>.jsonl); tools/gpu/run_h200.sh copies
-them so. The windows are the report's (`libero_eval.timeline`, docs/reporting.md):
+them so. The windows are the report's (`libero_eval.analysis.timeline`, docs/reporting.md):
 
 - serving: from the run's first policy request to its last answer (the dispatch logs); the
   observations answered ok in it over its length is the report's obs/s. (The window from the
@@ -49,11 +49,12 @@ import pandas as pd
 STAGE = re.compile(r"^\[(\d\d-\d\d \d\d:\d\d:\d\d)\] \[(\w+)\] finished in ([\d.e+-]+) seconds")
 QUERIES = {"rlinf": 30, "openpi": 44, "cosmos": 14}
 MID = 0.8  # the mid-run window: this middle part of the serving window
-# the end of the whole workflow (the Snakefile's onsuccess, libero_eval.timeline.record_end),
+# the end of the whole workflow (the Snakefile's onsuccess,
+# libero_eval.analysis.timeline.record_end),
 # else the report rule's line (libero_eval.report.efficiency write_efficiency_html)
 END = re.compile(r"\[workflow\] workflow end: ([\d.]+) s after its launch")
 REPORT = re.compile(r"\[report\] slot \d+: launch → report ([\d.]+) s")
-# (key, efficiency.csv column, digits): the first slot's timeline (libero_eval.timeline)
+# (key, efficiency.csv column, digits): the first slot's timeline (libero_eval.analysis.timeline)
 TIMELINE = (
     ("capacity_obs_per_s", "capacity_obs_per_s", 2),
     ("launch_to_server_launch_s", "launch_to_server_launch_s", 1),

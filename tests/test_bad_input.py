@@ -23,10 +23,11 @@ import pytest
 from conftest import make_record, workflow_dir
 from snakemake.utils import validate
 
-from libero_eval.aggregate import write_summary
+from libero_eval.analysis.aggregate import write_summary
 from libero_eval.config import RunSettings
 from libero_eval.plan import Episode, make_shards, plan_table
-from libero_eval.rollout.runner import ShardFailed, run_shard
+from libero_eval.rollout.shard_run import run_shard
+from libero_eval.rollout.shard_settings import ShardFailed
 from libero_eval.serve.command import ServerHostError, check_host, exposure_warning
 from libero_eval.store import EpisodeStore, read_results, write_results
 

@@ -16,14 +16,13 @@ from conftest import make_record
 from PIL import Image
 
 from libero_eval import cli
-from libero_eval.compare import (
-    SettingsDiffer,
+from libero_eval.analysis.comparable import SettingsDiffer, recorded_settings
+from libero_eval.analysis.compare import (
     compare_runs,
     comparison_markdown,
     load_episodes,
     mcnemar_exact,
     paired_bootstrap_ci,
-    recorded_settings,
 )
 from libero_eval.report.comparison import write_comparison
 from libero_eval.store import RESULT_COLUMNS, write_frame
@@ -270,7 +269,7 @@ def test_markdown_summarizes_runs_overall_tasks_and_flips():
     assert markdown.startswith("# Paired comparison: `cand` vs `base`")
     assert (
         f"| **all** | 30.0% (3/10) | 60.0% (6/10) | +30.0 [{100 * low:+.1f}, {100 * high:+.1f}] "
-        f"| 4 | 1 | {mcnemar_exact(1, 4):.4f} |" in markdown
+        f"| 4 | 1 | {mcnemar_exact(1, 4):.3g} |" in markdown  # p as every table shows it
     )
     assert "## Flipped episodes (5)" in markdown
 

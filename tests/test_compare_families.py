@@ -6,7 +6,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from libero_eval.compare import SettingsDiffer, compare_runs, comparison_markdown
+from libero_eval.analysis.comparable import SettingsDiffer
+from libero_eval.analysis.compare import compare_runs, comparison_markdown
 from libero_eval.report.comparison import comparison_html
 
 

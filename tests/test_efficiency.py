@@ -7,21 +7,23 @@ import pandas as pd
 import pytest
 from conftest import make_record
 
-from libero_eval.efficiency import (
-    Capacity,
-    ServeLog,
+from libero_eval.analysis.diagnosis import diagnose
+from libero_eval.analysis.efficiency import (
     busy_seconds,
-    diagnose,
     efficiency_line,
     efficiency_markdown,
     efficiency_table,
-    read_capacity,
-    read_dispatch_log,
-    read_serve_log,
     slot_efficiency,
     write_efficiency,
 )
-from libero_eval.efficiency_inputs import EfficiencyInputError
+from libero_eval.analysis.efficiency_inputs import (
+    Capacity,
+    EfficiencyInputError,
+    ServeLog,
+    read_capacity,
+    read_dispatch_log,
+    read_serve_log,
+)
 from libero_eval.plan import Episode
 from libero_eval.store import EpisodeStore
 
@@ -453,7 +455,7 @@ def test_a_reused_shard_writes_a_dispatch_log_without_requests(tmp_path, default
     """run_shard(dispatch_log=...) on a shard whose episodes are all in the store: no server,
     no env, a readable log with empty requests."""
     from libero_eval.config import RunSettings
-    from libero_eval.rollout.runner import run_shard
+    from libero_eval.rollout.shard_run import run_shard
 
     episodes = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
     store = EpisodeStore(tmp_path / "episodes")

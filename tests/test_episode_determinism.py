@@ -22,7 +22,7 @@ import pytest
 
 os.environ.setdefault("MUJOCO_GL", "egl")
 
-from libero_eval.rollout.env_worker import (  # noqa: E402
+from libero_eval.rollout.libero_env import (  # noqa: E402
     SETTLE_ACTION,
     EnvSettings,
     EpisodeOutcome,

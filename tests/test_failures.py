@@ -23,12 +23,13 @@ from libero_eval.policy.errors import (
     PolicyServerUnavailable,
     TransientFailure,
 )
-from libero_eval.rollout.env_worker import Command, EpisodeSpec, Reply, Status
+from libero_eval.rollout.env_worker import Command, Reply, Status
 from libero_eval.rollout.fault_injection import (
     FaultyStore,
     faulty_connections,
     faulty_env_workers,
 )
+from libero_eval.rollout.libero_env import EpisodeSpec
 from libero_eval.rollout.waiting import WaitingLog
 from libero_eval.store import EpisodeStore
 

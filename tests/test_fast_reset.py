@@ -55,7 +55,7 @@ def test_model_snapshot_restores_what_a_reset_writes():
 
 @pytest.mark.libero
 def test_a_changed_scene_xml_is_compiled_again():
-    from libero_eval.rollout.env_worker import EnvSettings, EpisodeSpec, LiberoEpisodeEnv
+    from libero_eval.rollout.libero_env import EnvSettings, EpisodeSpec, LiberoEpisodeEnv
     from libero_eval.rollout.protocols import get_protocol
     from libero_eval.settings_schema import build
 
@@ -86,7 +86,7 @@ def test_reset_mode_is_a_throughput_knob_default_fast_and_reaches_the_env(defaul
 
 
 def test_an_unknown_reset_mode_is_refused():
-    from libero_eval.rollout.env_worker import EnvSettings, LiberoEpisodeEnv
+    from libero_eval.rollout.libero_env import EnvSettings, LiberoEpisodeEnv
     from libero_eval.rollout.protocols import get_protocol
     from libero_eval.settings_schema import build
 

@@ -466,7 +466,7 @@ def test_configured_internal_ports_are_kept_and_not_taken_from_extra_args():
 )
 def test_a_fixed_server_port_leaves_room_for_sglangs_broker(default_config, backend, ports):
     """server.port N: slot k listens on N + k, or N + 2k for sglang (its broker takes P + 1)."""
-    from libero_eval.config import server_settings
+    from libero_eval.config_server import server_settings
 
     default_config["server"].update(backend=backend, port=30000, num_slots=3, cpu_threads=2)
     default_config["server"]["sglang"]["model_path"] = "/models/cosmos3"

@@ -25,7 +25,6 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "eventlog",
             "faults",
             "failures",
-            "published",
             "service",
             "interrupt",
         ),
@@ -35,21 +34,8 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The two sides of a run: the rollout side (`rollout`) and the server side (`serve`,
     # `reference`); neither imports the other (test below), both get settings built above.
     ("jobs", ("rollout", "serve", "reference")),
-    ("config", ("config_layout", "config")),
-    (
-        "results",
-        (
-            "aggregate",
-            "compare",
-            "efficiency",
-            "efficiency_inputs",
-            "server_pace",
-            "timeline",
-            "leaderboard",
-            "robustness",
-            "selftest",
-        ),
-    ),
+    ("config", ("config_layout", "config_server", "config")),
+    ("analysis", ("analysis",)),
     ("report", ("report",)),
     ("commands", ("cli", "schema_doc")),
 )

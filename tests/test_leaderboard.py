@@ -17,9 +17,9 @@ import pytest
 from conftest import make_record
 from PIL import Image
 
-from libero_eval.aggregate import write_summary
+from libero_eval.analysis.aggregate import write_summary
+from libero_eval.analysis.leaderboard import LeaderboardError, build_leaderboard
 from libero_eval.cli import main as cli_main
-from libero_eval.leaderboard import LeaderboardError, build_leaderboard
 from libero_eval.report.leaderboard import write_leaderboard
 from libero_eval.store import write_results
 

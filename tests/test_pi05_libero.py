@@ -22,7 +22,8 @@ from libero_eval.config import RunSettings
 from libero_eval.plan import Episode
 from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
-from libero_eval.rollout.runner import ShardFailed, run_shard
+from libero_eval.rollout.shard_run import run_shard
+from libero_eval.rollout.shard_settings import ShardFailed
 from libero_eval.store import EpisodeStore
 
 pytestmark = pytest.mark.libero

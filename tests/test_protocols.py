@@ -10,7 +10,7 @@ import pytest
 
 from libero_eval.config import ConfigError, check_config
 from libero_eval.plan import Episode
-from libero_eval.rollout.env_worker import (
+from libero_eval.rollout.libero_env import (
     SETTLE_ACTION,
     EnvSettings,
     EpisodeOutcome,
@@ -19,7 +19,7 @@ from libero_eval.rollout.env_worker import (
 )
 from libero_eval.rollout.protocols import episode_seed, get_protocol, reset_seed_of
 from libero_eval.rollout.records import episode_record
-from libero_eval.rollout.runner import ShardSettings
+from libero_eval.rollout.shard_settings import ShardSettings
 from libero_eval.settings_schema import build, default
 
 CHUNK = 16

@@ -13,15 +13,15 @@ from conftest import make_record
 from scipy.stats import binomtest, fisher_exact
 from snakemake.utils import validate
 
-from libero_eval.aggregate import markdown_summary, success_tables, write_summary
-from libero_eval.config import ConfigError, check_config
-from libero_eval.plan import Episode, make_shards, plan_table
-from libero_eval.published import (
+from libero_eval.analysis.aggregate import markdown_summary, success_tables, write_summary
+from libero_eval.analysis.published import (
     published_checks,
     published_markdown,
     published_test,
     verdict,
 )
+from libero_eval.config import ConfigError, check_config
+from libero_eval.plan import Episode, make_shards, plan_table
 from libero_eval.report import success_table_html
 from libero_eval.store import RESULT_COLUMNS, write_results
 

@@ -141,7 +141,8 @@ def test_pci_bus_ids_compare_across_spellings():
 def test_env_workers_render_where_the_plan_says_or_fail_naming_the_variables():
     """A real env worker: the cpu plan renders (llvmpipe here); a device that EGL does not
     list fails the episode at env start with the variables named."""
-    from libero_eval.rollout.env_worker import EnvSettings, EnvWorker, EpisodeSpec
+    from libero_eval.rollout.env_worker import EnvWorker
+    from libero_eval.rollout.libero_env import EnvSettings, EpisodeSpec
     from libero_eval.rollout.protocols import get_protocol
     from libero_eval.settings_schema import build
 
@@ -222,7 +223,8 @@ def test_env_workers_run_at_the_configured_niceness():
     a policy server sharing the cores runs first; 0 leaves it at the shard's."""
     import os
 
-    from libero_eval.rollout.env_worker import EnvSettings, EnvWorker
+    from libero_eval.rollout.env_worker import EnvWorker
+    from libero_eval.rollout.libero_env import EnvSettings
     from libero_eval.rollout.protocols import get_protocol
     from libero_eval.settings_schema import build
 

@@ -33,7 +33,7 @@ CASES = [
 def _run_episodes(render_mode: str, suite: str, task_id: int, init_states: tuple[int, ...]):
     """Per episode: the queries' images and sim states, the kept video frames, the outcome."""
     os.environ.setdefault("MUJOCO_GL", "egl")
-    from libero_eval.rollout.env_worker import (
+    from libero_eval.rollout.libero_env import (
         EnvSettings,
         EpisodeOutcome,
         EpisodeSpec,

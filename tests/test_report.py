@@ -20,7 +20,9 @@ from docutils.core import publish_parts
 from PIL import Image
 
 from libero_eval import report
-from libero_eval.aggregate import steps_note, success_tables, wilson_interval
+from libero_eval.analysis.aggregate import steps_note, success_tables, wilson_interval
+from libero_eval.analysis.errors import NO_ERROR, failures_by_error
+from libero_eval.analysis.throughput import steps_per_second
 from libero_eval.cli import main as cli_main
 from libero_eval.cli import run_status
 from libero_eval.config import RunSettings
@@ -166,7 +168,7 @@ def test_steps_per_second_spreads_each_episode_over_the_time_it_ran():
             "steps": [100, 400],
         }
     )
-    rate = report.steps_per_second(episodes, np.array([0.0, 10.0, 20.0, 30.0]), origin=100.0)
+    rate = steps_per_second(episodes, np.array([0.0, 10.0, 20.0, 30.0]), origin=100.0)
     assert rate == pytest.approx([10.0, 20.0, 20.0])
 
 
@@ -175,9 +177,9 @@ def test_failures_are_grouped_by_the_first_line_of_their_error():
     episodes.loc[0, "error"] = "PolicyError: HTTP 500 from http://x\nTraceback ..."
     episodes.loc[1, "error"] = "PolicyError: HTTP 500 from http://x\nother detail"
     episodes.loc[2, "error"] = "EnvWorkerDied: exit code -9"
-    failures = report.failures_by_error(episodes)
+    failures = failures_by_error(episodes)
     assert failures[["error", "episodes"]].values.tolist() == [
-        [report.NO_ERROR, 9],
+        [NO_ERROR, 9],
         ["PolicyError: HTTP 500 from http://x", 2],
         ["EnvWorkerDied: exit code -9", 1],
     ]

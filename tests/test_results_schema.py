@@ -7,7 +7,12 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import make_record
 
-from libero_eval.aggregate import check_complete, markdown_summary, success_tables, wilson_interval
+from libero_eval.analysis.aggregate import (
+    check_complete,
+    markdown_summary,
+    success_tables,
+    wilson_interval,
+)
 from libero_eval.store import RESULT_SCHEMA, read_results, write_results
 
 REQUIRED_COLUMNS = {

@@ -13,8 +13,8 @@ import yaml
 from conftest import workflow_dir
 from PIL import Image
 
+from libero_eval.analysis.robustness import robustness, robustness_markdown
 from libero_eval.report.robustness import write_robustness
-from libero_eval.robustness import robustness, robustness_markdown
 from libero_eval.store import RESULT_COLUMNS
 
 REPO = Path(__file__).resolve().parents[1]

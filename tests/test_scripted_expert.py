@@ -144,7 +144,7 @@ def test_expert_chunks_survive_the_cosmos3_action_encoding_round_trip():
 @pytest.fixture(scope="module")
 def spatial_task0_env():
     os.environ.setdefault("MUJOCO_GL", "egl")
-    from libero_eval.rollout.env_worker import physics_only_env, task_bddl_and_language
+    from libero_eval.rollout.libero_env import physics_only_env, task_bddl_and_language
 
     _bddl, language, init_states = task_bddl_and_language("libero_spatial", 0)
     env = physics_only_env("libero_spatial", 0)

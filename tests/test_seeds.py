@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from conftest import make_record
 
-from libero_eval.aggregate import write_summary
+from libero_eval.analysis.aggregate import write_summary
 from libero_eval.config import ConfigError, RunSettings, check_config, planned_episodes
 from libero_eval.plan import Episode, make_shards, plan_episodes, plan_table, read_shard
 from libero_eval.policy.adapter import Observation

@@ -24,7 +24,7 @@ from libero_eval.policy.families.cosmos3.actions import (
 )
 from libero_eval.reference.policies.base import PolicyItem
 from libero_eval.reference.policies.scripted import ScriptedExpertPolicy
-from libero_eval.rollout.env_worker import (
+from libero_eval.rollout.libero_env import (
     EnvSettings,
     EpisodeOutcome,
     EpisodeSpec,

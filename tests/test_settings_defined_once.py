@@ -282,7 +282,7 @@ JUSTIFIED: dict[str, str] = {
     "policy/families/cosmos3/adapter.py:Cosmos3Adapter.family": (
         "the adapter's family name, no default"
     ),
-    "report/tables.py:failures_by_error.metric": (
+    "analysis/errors.py:failures_by_error.metric": (
         "the failure table counts episodes that never succeeded; no config field chooses it"
     ),
     **dict.fromkeys(
@@ -480,8 +480,8 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
     """(dataclass, the schema section it projects, its fields from other sections as dotted
     schema fields, its fields that are no config field with why)."""
     from libero_eval.failures import FailurePolicy
-    from libero_eval.rollout.env_worker import EnvSettings
-    from libero_eval.rollout.runner import ShardSettings
+    from libero_eval.rollout.libero_env import EnvSettings
+    from libero_eval.rollout.shard_settings import ShardSettings
     from libero_eval.serve.settings import OpenpiServerSettings, SglangServerSettings
 
     job = "the job's own, set where the job is composed (libero_eval.config)"

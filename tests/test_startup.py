@@ -8,6 +8,7 @@ an event (the envs' first answers, a thread's end), never on a deadline.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import json
 import threading
 import time
@@ -25,8 +26,9 @@ from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
 from libero_eval.rollout import auto
 from libero_eval.rollout.dispatch_log import TIMELINE
-from libero_eval.rollout.env_worker import Command, EpisodeOutcome, Reply, Status
-from libero_eval.rollout.runner import run_shard
+from libero_eval.rollout.env_worker import Command, Reply, Status
+from libero_eval.rollout.libero_env import EpisodeOutcome
+from libero_eval.rollout.shard_run import run_shard
 from libero_eval.service import ServiceUnavailableError
 from libero_eval.settings_schema import defaults
 from libero_eval.store import EpisodeStore
@@ -122,7 +124,9 @@ class FakeWorker:
     def request_close(self) -> None:
         if self.process is not None and self.process.is_alive():
             self.closed_by_request = True
-            self.conn.send((Command.CLOSE, None))
+            # as EnvWorker.request_close: a worker that closed meanwhile is gone already
+            with contextlib.suppress(OSError):
+                self.conn.send((Command.CLOSE, None))
 
     def join(self, timeout_s: float) -> None:
         if self.process is not None:

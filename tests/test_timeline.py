@@ -1,5 +1,5 @@
-"""Where a run's wall time went (`libero_eval.timeline`), on plain numbers: the π0.5 openpi run
-of issue 39's table (one H200, main 2814e16), as its logs would have said it."""
+"""Where a run's wall time went (`libero_eval.analysis.timeline`), on plain numbers: the π0.5
+openpi run of issue 39's table (one H200, main 2814e16), as its logs would have said it."""
 
 from __future__ import annotations
 
@@ -13,20 +13,20 @@ import psutil
 import pytest
 from test_efficiency import T0, capacity, dispatch
 
-from libero_eval.efficiency import efficiency_markdown, efficiency_table, write_efficiency
-from libero_eval.efficiency_inputs import (
+from libero_eval.analysis.efficiency import efficiency_markdown, efficiency_table, write_efficiency
+from libero_eval.analysis.efficiency_inputs import (
     EfficiencyInputError,
     ServiceTimeline,
     read_service_timeline,
 )
-from libero_eval.report.efficiency import efficiency_html, write_efficiency_html
-from libero_eval.timeline import (
+from libero_eval.analysis.timeline import (
     launch_time,
     record_end,
     record_launch,
     slot_timeline,
     timeline_line,
 )
+from libero_eval.report.efficiency import efficiency_html, write_efficiency_html
 
 LAUNCH = T0  # test_efficiency's dispatch logs count their requests from it
 # the server: launched 3 s after the workflow, ready 96 s later (its probe included)

@@ -149,7 +149,7 @@ def test_sglang_rejects_the_bad_fixture_requests_with_the_same_message(sglang_si
 
 def sglang_server_of(config: dict, extra_args: list[str]) -> list[str]:
     """The serve command of slot 0 of ``config`` served by SGLang with ``extra_args``."""
-    from libero_eval.config import server_settings
+    from libero_eval.config_server import server_settings
     from libero_eval.serve.command import build_command
 
     config = {**config, "server": {**config["server"], "backend": "sglang"}}

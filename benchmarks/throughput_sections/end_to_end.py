@@ -111,9 +111,10 @@ def _shard_main(
     """One rollout shard in its own process, like a workflow rollout job."""
     from libero_eval.plan import Episode
     from libero_eval.policy.families import make_adapter
-    from libero_eval.rollout.env_worker import EnvSettings
+    from libero_eval.rollout.libero_env import EnvSettings
     from libero_eval.rollout.protocols import get_protocol
-    from libero_eval.rollout.runner import ShardRunner, ShardSettings
+    from libero_eval.rollout.runner import ShardRunner
+    from libero_eval.rollout.shard_settings import ShardSettings
     from libero_eval.rollout.startup import ServerGate, ServerInfo
     from libero_eval.settings_schema import build
     from libero_eval.store import EpisodeStore

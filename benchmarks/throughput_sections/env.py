@@ -35,7 +35,7 @@ class EnvResult:
 
 def _camera_sensors(env) -> list[Callable[[dict], np.ndarray]]:
     """The robosuite camera sensors of a LiberoEpisodeEnv, unwrapped from the lazy sensor."""
-    from libero_eval.rollout.env_worker import CAMERAS
+    from libero_eval.rollout.render_on_demand import CAMERAS
 
     observables = env._env.env._observables
     sensors = []
@@ -46,14 +46,14 @@ def _camera_sensors(env) -> list[Callable[[dict], np.ndarray]]:
 
 
 def section_a(args: argparse.Namespace) -> EnvResult:
-    from libero_eval.rollout.env_worker import (
-        CAMERAS,
+    from libero_eval.rollout.libero_env import (
         EnvSettings,
         EpisodeSpec,
         LiberoEpisodeEnv,
         seeded_action_chunks,
     )
     from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.rollout.render_on_demand import CAMERAS
     from libero_eval.settings_schema import build
 
     suite, task_id = args.task

@@ -16,7 +16,7 @@ from throughput_sections.env import EnvResult
 def _observation_for_d(env_result: EnvResult | None, args: argparse.Namespace):
     if env_result is not None and env_result.observation is not None:
         return env_result.observation
-    from libero_eval.rollout.env_worker import EnvSettings, EpisodeSpec, LiberoEpisodeEnv
+    from libero_eval.rollout.libero_env import EnvSettings, EpisodeSpec, LiberoEpisodeEnv
     from libero_eval.rollout.protocols import get_protocol
     from libero_eval.settings_schema import build
 

@@ -148,12 +148,8 @@ def _status(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
-    from libero_eval.compare import (
-        compare_runs,
-        comparison_markdown,
-        load_episodes,
-        recorded_settings,
-    )
+    from libero_eval.analysis.comparable import recorded_settings
+    from libero_eval.analysis.compare import compare_runs, comparison_markdown, load_episodes
 
     baseline_dir = run_dir_of(args.baseline, args.results_dir)
     candidate_dir = run_dir_of(args.candidate, args.results_dir)

@@ -11,18 +11,26 @@ rollout fingerprint. `docs/design.md` walks two fields from the config to their 
 
 from __future__ import annotations
 
-import os
+import difflib
+from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from libero_eval import package_data, settings_schema
+from libero_eval import settings_schema
 from libero_eval import suites as suite_catalog
 from libero_eval.config_layout import (  # re-exported: the config as written, checked
     ConfigDeprecationWarning,
     ConfigError,
     check_family_fields,
     validate_config,
+)
+from libero_eval.config_server import (
+    gpus_per_slot,
+    server_on_gpu,
+    server_policy_settings,
+    server_settings,
+    slot_gpu_ids,
 )
 from libero_eval.failures import FailurePolicy
 from libero_eval.faults import active_faults
@@ -31,13 +39,12 @@ from libero_eval.policy import families
 from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.policy.connection import policy_connection_spec
 from libero_eval.policy.families import Family, PolicyAdapter, make_adapter
-from libero_eval.published import check_published_config
 from libero_eval.rollout.auto import RENDER_GPU_SHARE
-from libero_eval.rollout.env_worker import EnvSettings
+from libero_eval.rollout.libero_env import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
 from libero_eval.rollout.render_device import RenderPlan, plan_render_env
-from libero_eval.rollout.runner import ShardSettings
 from libero_eval.rollout.shard_job import RolloutJob, ShardPaths
+from libero_eval.rollout.shard_settings import ShardSettings
 from libero_eval.serve.settings import ServerSettings
 from libero_eval.store import fingerprint
 
@@ -51,8 +58,9 @@ __all__ = [
 ]
 
 
-# Backends whose server is a GPU process run by a command of its own (not the reference).
-GPU_BACKENDS = ("sglang", "openpi")
+# The key of `report.published` that stands for the run's suites pooled (the schema's
+# description; `libero_eval.analysis.published` compares it with the overall row).
+PUBLISHED_OVERALL = "overall"
 
 
 def run_family(config: dict[str, Any]) -> Family:
@@ -113,11 +121,11 @@ def check_config(config: dict[str, Any]) -> RunSettings:
             f"{num_shards} shards (server.num_slots x rollout.shards_per_slot)"
         )
     gpu_ids = server["gpu_ids"]
-    needed = server["num_slots"] * _gpus_per_slot(config)
+    needed = server["num_slots"] * gpus_per_slot(config)
     if gpu_ids is not None and len(gpu_ids) < needed:
         raise ConfigError(
             f"server.gpu_ids lists {len(gpu_ids)} devices but {server['num_slots']} slots x "
-            f"{_gpus_per_slot(config)} GPUs each need {needed}: list them all, or use null"
+            f"{gpus_per_slot(config)} GPUs each need {needed}: list them all, or use null"
         )
     if server["backend"] != "reference" and sends_privileged_state(config):
         raise ConfigError(
@@ -130,6 +138,27 @@ def check_config(config: dict[str, Any]) -> RunSettings:
             "rollout.send_privileged_state: true (or use policy hold)"
         )
     return settings
+
+
+def check_published_config(report: Mapping[str, Any], suite_names: list[str]) -> None:
+    """Raise ValueError naming the field for what the schema cannot check: a published key that
+    is neither `overall` nor a registered suite (a typo would otherwise never be compared)."""
+    for key, entry in (report.get("published") or {}).items():
+        field = f"report.published.{key}"
+        if key != PUBLISHED_OVERALL and key not in suite_names:
+            close = difflib.get_close_matches(key, suite_names, n=3, cutoff=0.6)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(
+                f"{field}: {key!r} is not a suite name or {PUBLISHED_OVERALL!r}.{hint}"
+            )
+        rate = entry.get("rate")
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
+            raise ValueError(f"{field}.rate: {rate!r} is not a fraction in [0, 1] (96.8% is 0.968)")
+        n = entry.get("n")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
+            raise ValueError(f"{field}.n: {n!r} is not an episode count >= 1 (or null)")
+        if not str(entry.get("source") or "").strip():
+            raise ValueError(f"{field}.source: say where the figure comes from")
 
 
 def family_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -215,32 +244,6 @@ def envs_per_shard(config: dict[str, Any]) -> int:
     return rollout["total_num_envs"] // (config["server"]["num_slots"] * rollout["shards_per_slot"])
 
 
-def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The server-side settings that change actions (part of the rollout fingerprint)."""
-    server = config["server"]
-    if server["backend"] == "reference":
-        outcome = run_family(config).reference_outcome
-        assert outcome is not None, "check_config refuses a family the reference cannot serve"
-        return outcome(config)
-    if server["backend"] == "family":
-        family = run_family(config)
-        assert family.server is not None
-        return {"backend": "family", "family": family.name, "command": list(family.server.command)}
-    if server["backend"] == "openpi":
-        openpi = server["openpi"]
-        return {"backend": "openpi", "command": openpi["command"], "cwd": openpi["cwd"]}
-    sglang = server["sglang"]
-    model_path = sglang["model_path"]
-    part = {
-        "backend": "sglang",
-        "model_path": str(Path(model_path).resolve()) if Path(model_path).exists() else model_path,
-        "pipeline_class_name": sglang["pipeline_class_name"],
-    }
-    if sglang.get("pipeline_config"):  # e.g. prompt buckets change the model's input shapes
-        part["pipeline_config"] = sglang["pipeline_config"]
-    return part
-
-
 def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
     # rollout is the one section taken whole; the schema marks what of it changes no outcome
     # (`x-fingerprint: false`: throughput knobs, resources, and render/reset modes that are
@@ -267,78 +270,6 @@ def sends_privileged_state(config: dict[str, Any]) -> bool:
     server's scripted expert, which plans from it, so the schema's defaults run as they are."""
     value = config["rollout"]["send_privileged_state"]
     return _scripted_expert(config) if value is None else bool(value)
-
-
-def server_on_gpu(config: dict[str, Any]) -> bool:
-    """Whether a slot's server runs on a GPU: :data:`GPU_BACKENDS`, or a family's own server
-    that says so (``FamilyServer.gpu``)."""
-    backend = config["server"]["backend"]
-    if backend == "family":
-        own = run_family(config).server
-        return own is not None and own.gpu
-    return backend in GPU_BACKENDS
-
-
-def _gpus_per_slot(config: dict[str, Any]) -> int:
-    server = config["server"]
-    return server["sglang"]["num_gpus"] if server["backend"] == "sglang" else 1
-
-
-def slot_gpu_ids(config: dict[str, Any], slot: int) -> int | list[int] | None:
-    """The GPU(s) slot `slot`'s server is pinned to: from server.gpu_ids, or locally k*n ..
-    k*n+n-1 for a GPU backend; None where Slurm (or nothing) assigns them."""
-    server = config["server"]
-    per_slot = _gpus_per_slot(config)
-    devices = None
-    if server["gpu_ids"] is not None:
-        devices = server["gpu_ids"][slot * per_slot : (slot + 1) * per_slot]
-    elif server_on_gpu(config) and "SLURM_JOB_ID" not in os.environ:
-        # Locally nothing assigns GPUs: slot k takes devices k*n .. k*n+n-1.
-        devices = list(range(slot * per_slot, (slot + 1) * per_slot))
-    return devices[0] if devices is not None and len(devices) == 1 else devices
-
-
-def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
-    """Settings of slot `slot`'s server, checked (`ServerSettingsError` names the field); the
-    `serve` rule hands them to `libero_eval.serve.job` as `to_json()`, which reads them back."""
-    server = config["server"]
-    gpu_id = slot_gpu_ids(config, slot)
-    # server.reference as the reference server's own settings name them
-    # (reference.settings.ReferenceServerSettings), the family's part by the family
-    family = run_family(config)
-    reference = dict(server["reference"])
-    reference["model_name"] = f"reference-{reference['policy']}"
-    reference["action_stats_path"] = str(package_data.resolve(reference["action_stats_path"]))
-    if family.reference_settings is not None:
-        reference = family.reference_settings(config, reference)
-    sglang = dict(server["sglang"])
-    extra = [str(arg) for arg in sglang.get("extra_args") or []]
-    warmup = family.sglang_warmup if server["backend"] == "sglang" else None
-    if warmup is not None and not any(arg.startswith("--warmup") for arg in extra):
-        # SGLang's own warm-up at the run's request shape (the family says which)
-        sglang["extra_args"] = [*extra, *warmup(config)]
-    own = None
-    if family.server is not None:  # server.backend family: the family's own server
-        own = {"command": list(family.server.command), "health_path": family.server.health_path}
-    return ServerSettings.from_dict(
-        {
-            "backend": server["backend"],
-            "slot": slot,
-            "host": server["host"],
-            # sglang serve also binds its HTTP port + 1 (its ZMQ broker): slots step by 2 there
-            "port": server["port"] + slot * (2 if server["backend"] == "sglang" else 1)
-            if server["port"]
-            else 0,
-            "health_timeout_s": server["health_timeout_s"],
-            "teardown_grace_s": server["teardown_grace_s"],
-            "cpu_threads": server["cpu_threads"],
-            "gpu_id": gpu_id,
-            "reference": reference,
-            "sglang": sglang,
-            "openpi": dict(server["openpi"]),
-            "family": own,
-        }
-    )
 
 
 class RunSettings:
@@ -418,9 +349,9 @@ class RunSettings:
     @cached_property
     def recorded_settings(self) -> dict[str, Any]:
         """What a run records of its settings beside its summary (`summary/settings.json`,
-        read back by `libero_eval.compare.recorded_settings`): the rollout fields that define
-        its episodes, all the schema does not mark `x-fingerprint: false`, as the fingerprint
-        takes them."""
+        read back by `libero_eval.analysis.comparable.recorded_settings`): the rollout fields
+        that define its episodes, all the schema does not mark `x-fingerprint: false`, as the
+        fingerprint takes them."""
         rollout = settings_schema.without_outcome_neutral(self.config["rollout"], "rollout")
         return {"rollout": rollout}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 # The source of the "workflow launch" line that starts each workflow invocation: from its epoch
 # `libero-eval status` counts the invocation's elapsed time and its rate, and the report its
-# timeline (libero_eval.timeline).
+# timeline (libero_eval.analysis.timeline).
 WORKFLOW = "workflow"
 STAMP = "%Y-%m-%d %H:%M:%S"
 LAUNCH_LINE = re.compile(r"\[workflow\] workflow launch: .*\(epoch (\d+(?:\.\d+)?)\)")

@@ -11,7 +11,7 @@ rule aggregate:
         tables=f"results/{RUN}/summary/summary.parquet",
         markdown=f"results/{RUN}/summary/summary.md",
         efficiency=f"results/{RUN}/summary/efficiency.csv",
-        # the settings that define the run's episodes, for `compare` (libero_eval.compare)
+        # the settings that define the run's episodes, for `compare` (libero_eval.analysis.compare)
         settings=f"results/{RUN}/summary/settings.json",
     log:
         f"logs/{RUN}/aggregate.log",

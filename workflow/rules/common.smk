@@ -14,7 +14,7 @@ from libero_eval.serve.command import exposure_warning
 from libero_eval.interrupt import StopJobsOnSignal
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
-from libero_eval.timeline import record_end, record_launch
+from libero_eval.analysis.timeline import record_end, record_launch
 
 try:
     # the config's own families registered (policy.family_modules) and an older layout
@@ -187,7 +187,7 @@ def on_start():
     rollouts = [
         j for j in workflow.dag.needrun_jobs() if getattr(j, "name", "") == "rollout"
     ]
-    # the run's launch, for the report's "where the wall time went" (libero_eval.timeline)
+    # the run's launch, for the report's "where the wall time went" (libero_eval.analysis.timeline)
     record_launch(EVENT_LOG, len(rollouts))
     if workflow.local_exec:
         STOP.install()

@@ -3,8 +3,8 @@ slot's efficiency from the shards' dispatch logs."""
 
 import os
 
-from libero_eval.aggregate import write_summary
-from libero_eval.efficiency import write_efficiency
+from libero_eval.analysis.aggregate import write_summary
+from libero_eval.analysis.efficiency import write_efficiency
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 with open(snakemake.log[0], "w") as log:

@@ -4,7 +4,8 @@ import os
 import sys
 from pathlib import Path
 
-from libero_eval.compare import SettingsDiffer, compare_runs, recorded_settings
+from libero_eval.analysis.comparable import SettingsDiffer, recorded_settings
+from libero_eval.analysis.compare import compare_runs
 from libero_eval.report.comparison import write_comparison
 from libero_eval.store import read_results
 

@@ -2,8 +2,8 @@
 
 import os
 
+from libero_eval.analysis.robustness import robustness
 from libero_eval.report.robustness import write_robustness
-from libero_eval.robustness import robustness
 from libero_eval.store import read_results
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake

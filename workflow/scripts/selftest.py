@@ -2,7 +2,7 @@
 
 import sys
 
-from libero_eval.selftest import SelfTestFailed, verdict
+from libero_eval.analysis.selftest import SelfTestFailed, verdict
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
 try:

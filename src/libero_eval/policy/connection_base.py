@@ -8,7 +8,7 @@ import ipaddress
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Self, TypeVar
+from typing import Self, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
 import requests
@@ -33,7 +33,32 @@ def is_loopback(host: str | None) -> bool:
         return False
 
 
-class ConnectionBase:
+class ConnectionOptions(TypedDict, total=False):
+    """The keyword options both connections take (:class:`ConnectionBase`): overrides of the
+    failure policy's request settings, the sleep between retries, the timeout's field."""
+
+    timeout_s: float | None
+    max_retries: int | None
+    retry_backoff_s: float | None
+    sleep: Callable[[float], None]
+    timeout_setting: str | None
+
+
+class ClosedOnExit:
+    """A connection used as a context manager (``with connect(...) as c:``) closes at the
+    end of the block; the class gives ``close``."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class ConnectionBase(ClosedOnExit):
     """What both connections share: the failure policy, an HTTP session for readiness
     (proxies from the environment ignored for loopback URLs: a cluster's ``http_proxy`` must
     not capture ``127.0.0.1``), and the retry loop."""
@@ -43,16 +68,18 @@ class ConnectionBase:
         base_url: str,
         failures: FailurePolicy | None,
         health_path: str,
-        sleep: Callable[[float], None],
         schemes: tuple[str, ...] = ("http", "https"),
+        *,
+        sleep: Callable[[float], None] = time.sleep,
         timeout_setting: str | None = None,
         **overrides: float | None,
     ):
         """``failures``: the run's failure policy (``rollout.failures``); None: the schema's
         defaults. ``overrides`` (``timeout_s``, ``max_retries``, ``retry_backoff_s``, None:
         left as they are) replace its request settings, for a connection built outside a
-        run (a probe, a test, a benchmark). ``timeout_setting``: the config field a timeout
-        message names (``rollout.failures.request_timeout_s`` unless a probe says another)."""
+        run (a probe, a test, a benchmark). ``sleep``: between retries (tests pass a
+        recorder). ``timeout_setting``: the config field a timeout message names
+        (``rollout.failures.request_timeout_s`` unless a probe says another)."""
         parts = urlsplit(base_url)
         if parts.scheme not in schemes or not parts.hostname:
             raise ValueError(
@@ -87,12 +114,6 @@ class ConnectionBase:
 
     def close(self) -> None:
         self._session.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     # ---------------------------------------------------------------- readiness
 

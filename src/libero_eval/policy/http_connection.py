@@ -12,16 +12,15 @@ successful HTTP attempt (send, server work, receive, decode) is left in
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 import requests
 
 from libero_eval.failures import FailurePolicy
 from libero_eval.policy import codec
-from libero_eval.policy.connection_base import WIRE_FORMATS, ConnectionBase
+from libero_eval.policy.connection_base import WIRE_FORMATS, ConnectionBase, ConnectionOptions
 from libero_eval.policy.endpoint import GENERATIONS_PATH, METADATA_PATH
 from libero_eval.policy.errors import (
     PolicyClientError,
@@ -76,8 +75,7 @@ class HttpConnection(ConnectionBase):
     raw bytes (SGLang's ndarray encoding) and asks for msgpack back; ``"json"`` sends and
     receives JSON, numpy arrays converted to lists. :meth:`infer` retries connection errors,
     timeouts and 5xx as ``failures`` (``rollout.failures``) says; 4xx is never retried.
-    ``timeout_s``, ``max_retries``, ``retry_backoff_s``: overrides of ``failures``;
-    ``timeout_setting``: the field a timeout names (see ``ConnectionBase``).
+    ``options``: overrides of ``failures`` and the rest of :class:`ConnectionOptions`.
     """
 
     def __init__(
@@ -86,25 +84,12 @@ class HttpConnection(ConnectionBase):
         failures: FailurePolicy | None = None,
         wire_format: str = "msgpack",
         *,
-        timeout_s: float | None = None,
-        max_retries: int | None = None,
-        retry_backoff_s: float | None = None,
         health_path: str = HEALTH_PATH,
         request_path: str = GENERATIONS_PATH,
         metadata_path: str | None = METADATA_PATH,
-        sleep: Callable[[float], None] = time.sleep,
-        timeout_setting: str | None = None,
+        **options: Unpack[ConnectionOptions],
     ):
-        super().__init__(
-            base_url,
-            failures,
-            health_path,
-            sleep,
-            timeout_setting=timeout_setting,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            retry_backoff_s=retry_backoff_s,
-        )
+        super().__init__(base_url, failures, health_path, **options)
         if wire_format not in WIRE_FORMATS:
             raise ValueError(
                 f"policy client wire_format {wire_format!r} is not one of {WIRE_FORMATS} "

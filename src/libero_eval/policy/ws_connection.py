@@ -28,9 +28,8 @@ One connection serves one request at a time: use one per thread, as with
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import urlsplit, urlunsplit
 
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
@@ -38,7 +37,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from libero_eval.failures import FailurePolicy
 from libero_eval.policy import codec
-from libero_eval.policy.connection_base import ConnectionBase
+from libero_eval.policy.connection_base import ConnectionBase, ConnectionOptions
 from libero_eval.policy.errors import (
     PolicyClientError,
     PolicyRequestRejected,
@@ -62,9 +61,8 @@ class WebsocketConnection(ConnectionBase):
     timeouts and connections closed before an answer (also with 1011 internal error) are
     retried on a fresh connection as ``failures`` (``rollout.failures``) says; an error frame
     from the server, or a close saying the request is bad, is not retried (the server rejected
-    this request) and raises :class:`PolicyRequestRejected`. ``timeout_s``, ``max_retries``,
-    ``retry_backoff_s``: overrides of ``failures``; ``timeout_setting``: the field a timeout
-    names (see ``ConnectionBase``).
+    this request) and raises :class:`PolicyRequestRejected`. ``options``: overrides of
+    ``failures`` and the rest of :class:`~libero_eval.policy.connection_base.ConnectionOptions`.
     """
 
     def __init__(
@@ -73,24 +71,9 @@ class WebsocketConnection(ConnectionBase):
         path: str = "",
         failures: FailurePolicy | None = None,
         health_path: str = "/health",
-        *,
-        timeout_s: float | None = None,
-        max_retries: int | None = None,
-        retry_backoff_s: float | None = None,
-        sleep: Callable[[float], None] = time.sleep,
-        timeout_setting: str | None = None,
+        **options: Unpack[ConnectionOptions],
     ):
-        super().__init__(
-            base_url,
-            failures,
-            health_path,
-            sleep,
-            schemes=("http", "https", "ws", "wss"),
-            timeout_setting=timeout_setting,
-            timeout_s=timeout_s,
-            max_retries=max_retries,
-            retry_backoff_s=retry_backoff_s,
-        )
+        super().__init__(base_url, failures, health_path, ("http", "https", "ws", "wss"), **options)
         parts = urlsplit(base_url)
         http_scheme = {"ws": "http", "wss": "https"}.get(parts.scheme, parts.scheme)
         ws_scheme = "wss" if http_scheme == "https" else "ws"

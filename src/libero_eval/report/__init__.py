@@ -1,32 +1,35 @@
 """Report material: figures (matplotlib, Agg), HTML tables, provenance and episode-video pages.
 
-Everything here reads the aggregated tables (`results/<run>/summary/episodes.parquet` and
-`summary.parquet`) and writes self-contained files: PNG figures, HTML pages that embed their
-data (videos as data URIs), JSON provenance. The workflow's figure rule marks them for
-`snakemake --report`. One module per kind of output: `figures`, `tables`, `provenance`,
-`videos`, `efficiency` (each slot's use of its server), and `comparison` (two runs side by
-side, on top of `libero_eval.compare`).
+This package only renders: the statistics are `libero_eval.analysis`'s, and a table's cells
+are formatted by `libero_eval.analysis.display`, as in summary.md. Everything here reads the
+aggregated tables (`results/<run>/summary/episodes.parquet` and `summary.parquet`) and writes
+self-contained files: PNG figures, HTML pages that embed their data (videos as data URIs),
+JSON provenance. The workflow's figure rule marks them for `snakemake --report`. One module
+per kind of output: `figures`, `tables`, `seeds`, `provenance`, `videos`, `efficiency` (each
+slot's use of its server), `comparison` (two runs side by side), `robustness` and
+`leaderboard`.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from libero_eval import settings_schema
-from libero_eval.aggregate import steps_note
-from libero_eval.published import published_checks
+from libero_eval.analysis.aggregate import per_seed_table, seeds_cells, steps_note
+from libero_eval.analysis.errors import failures_by_error
+from libero_eval.analysis.published import published_checks
 from libero_eval.report.comparison import comparison_html, difference_figure, write_comparison
 from libero_eval.report.figures import (
     METRIC_LABELS,
     first_success_step_figure,
     latency_over_time_figure,
     save_figure,
-    steps_per_second,
     success_by_suite_figure,
     success_by_task_figure,
     throughput_over_time_figure,
@@ -41,8 +44,6 @@ from libero_eval.report.provenance import (
 )
 from libero_eval.report.seeds import seeds_html, success_by_seed_figure
 from libero_eval.report.tables import (
-    NO_ERROR,
-    failures_by_error,
     failures_html,
     html_page,
     success_overview_rst,
@@ -52,11 +53,9 @@ from libero_eval.report.videos import select_videos, videos_html
 
 __all__ = [
     "METRIC_LABELS",
-    "NO_ERROR",
     "PROVENANCE_PACKAGES",
     "comparison_html",
     "difference_figure",
-    "failures_by_error",
     "failures_html",
     "file_sha256",
     "first_success_step_figure",
@@ -69,7 +68,6 @@ __all__ = [
     "save_figure",
     "seeds_html",
     "select_videos",
-    "steps_per_second",
     "success_by_seed_figure",
     "success_by_suite_figure",
     "success_by_task_figure",
@@ -99,6 +97,12 @@ class _Run:
         )
         self._provenance: dict[str, Any] | None = None
 
+    @cached_property
+    def seeds(self) -> pd.DataFrame | None:
+        """The seeds' table as summary.md has it (None for a single seed)."""
+        per_seed = per_seed_table(self.episodes, self.confidence)
+        return seeds_cells(self.table, per_seed, self.decimals)
+
     def provenance(self) -> dict[str, Any]:
         if self._provenance is None:
             self._provenance = provenance(
@@ -126,7 +130,7 @@ OUTPUT_WRITERS: dict[str, Callable[[_Run, Path], None]] = {
             r.decimals,
             r.published,
             r.alpha,
-            seeds_html(r.table, r.episodes, r.confidence, r.decimals),
+            seeds_html(r.seeds, r.confidence),
         )
     ),
     "success_by_seed": _figure(lambda r: success_by_seed_figure(r.episodes, r.confidence)),

@@ -1,5 +1,5 @@
 """A paired comparison of two runs, drawn: the difference figure, the HTML page, and every
-output of the `compare` rule. The statistics are `libero_eval.compare`'s."""
+output of the `compare` rule. The statistics are `libero_eval.analysis.compare`'s."""
 
 from __future__ import annotations
 
@@ -7,13 +7,18 @@ import html
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 from matplotlib.figure import Figure
 
 from libero_eval import settings_schema
-from libero_eval.compare import Comparison, comparison_markdown
-from libero_eval.report.figures import METRIC_LABELS, _level, _task_label, save_figure
-from libero_eval.report.tables import _html_table, html_page
+from libero_eval.analysis.compare import (
+    Comparison,
+    comparison_markdown,
+    difference_cells,
+    task_labels,
+)
+from libero_eval.analysis.display import confidence_level
+from libero_eval.report.figures import METRIC_LABELS, _task_label, save_figure
+from libero_eval.report.tables import html_page, html_table
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
@@ -79,7 +84,9 @@ def difference_figure(comparison: Comparison) -> Figure:
         )
     differences.set_xlim(-limit, limit)
     differences.set_xlabel("difference, candidate - baseline (points)")
-    differences.set_title(f"Paired difference ({_level(c.confidence)} bootstrap CI overall)")
+    differences.set_title(
+        f"Paired difference ({confidence_level(c.confidence)} bootstrap CI overall)"
+    )
     differences.grid(axis="x", alpha=0.3)
     figure.suptitle(
         f"{c.candidate} vs {c.baseline}: {centre:+.1f} points [{low:+.1f}, {high:+.1f}], "
@@ -92,51 +99,31 @@ def difference_figure(comparison: Comparison) -> Figure:
 def comparison_html(comparison: Comparison, decimals: int = REPORT["decimals"]) -> str:
     """The comparison's tables as one HTML page (for the Snakemake report)."""
     c = comparison
-    level = _level(c.confidence)
-
-    def differences(part: pd.DataFrame, with_task: bool) -> pd.DataFrame:
-        frame = pd.DataFrame({"suite": part["suite"].to_numpy()})
-        if with_task:
-            frame["task"] = [
-                f"{t}: {lang}"
-                for t, lang in zip(part["task_id"], part["task_language"], strict=True)
-            ]
-        frame["pairs"] = part["n_pairs"].to_numpy()
-        frame[f"{c.baseline} (baseline)"] = [
-            f"{100 * v:.{decimals}f}%" for v in part["baseline_rate"]
-        ]
-        frame[f"{c.candidate} (candidate)"] = [
-            f"{100 * v:.{decimals}f}%" for v in part["candidate_rate"]
-        ]
-        frame[f"difference, points ({level} bootstrap CI)"] = [
-            f"{100 * r.difference:+.{decimals}f} [{100 * r.difference_ci_low:+.{decimals}f}, "
-            f"{100 * r.difference_ci_high:+.{decimals}f}]"
-            for r in part.itertuples()
-        ]
-        frame["gained"] = part["gained"].to_numpy()
-        frame["lost"] = part["lost"].to_numpy()
-        frame["McNemar exact p"] = [f"{p:.4g}" for p in part["mcnemar_p"]]
-        return frame
-
     flipped = c.flipped[
         [*c.flipped.columns[:4], "task_language", "baseline_error", "candidate_error"]
     ]
     summary = c.table[c.table["level"] != "task"]
     tasks = c.table[c.table["level"] == "task"]
+    labels = [
+        "all" if v == "overall" else s
+        for v, s in zip(summary["level"], summary["suite"], strict=True)
+    ]
     body = (
         f"<p>Metric <code>{html.escape(c.metric)}</code>; episodes paired by (suite, task, init "
         "state). Difference = candidate - baseline; gained = candidate succeeded where the "
         "baseline failed, lost = the reverse.</p>"
-        f"<h2>Runs</h2>{_html_table(c.runs)}"
+        f"<h2>Runs</h2>{html_table(c.runs)}"
         + "".join(
             f"<p><strong>Warning.</strong> {html.escape(warning)}</p>" for warning in c.warnings
         )
-        + f"<h2>Overall and suites</h2>{_html_table(differences(summary, False))}"
-        f"<h2>Tasks</h2>{_html_table(differences(tasks, True))}"
-        f"<h2>Flipped episodes ({len(c.flipped)})</h2>"
-        + (_html_table(flipped) if len(flipped) else "<p>None.</p>")
+        + "<h2>Overall and suites</h2>"
+        + html_table(difference_cells(c, summary, labels, decimals))
+        + "<h2>Tasks</h2>"
+        + html_table(difference_cells(c, tasks, task_labels(tasks), decimals))
+        + f"<h2>Flipped episodes ({len(c.flipped)})</h2>"
+        + (html_table(flipped) if len(flipped) else "<p>None.</p>")
         + f"<h2>Unmatched episodes ({len(c.unmatched)})</h2>"
-        + (_html_table(c.unmatched) if len(c.unmatched) else "<p>None.</p>")
+        + (html_table(c.unmatched) if len(c.unmatched) else "<p>None.</p>")
     )
     return html_page(f"Paired comparison: {c.candidate} vs {c.baseline}", body)
 

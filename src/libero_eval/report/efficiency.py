@@ -1,6 +1,7 @@
-"""The report's efficiency page: each server slot's use of its server (`libero_eval.efficiency`,
-from `summary/efficiency.csv`), one row per slot, then the warnings, then where each slot's
-wall time went (`libero_eval.timeline`), to the report itself: the time this page is written."""
+"""The report's efficiency page: each server slot's use of its server
+(`libero_eval.analysis.efficiency`, from `summary/efficiency.csv`), one row per slot, then the
+warnings, then where each slot's wall time went (`libero_eval.analysis.timeline`), to the report
+itself: the time this page is written."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from typing import Any
 
 import pandas as pd
 
+from libero_eval.analysis.display import number
+from libero_eval.analysis.timeline import GAPS, report_window
 from libero_eval.eventlog import log_event
-from libero_eval.report.tables import _html_table, html_page
-from libero_eval.timeline import GAPS
+from libero_eval.report.tables import html_page, html_table
 
 # efficiency.csv column -> (heading, format); a NaN shows as "unknown"
 SHOWN = {
@@ -42,18 +44,7 @@ SHOWN = {
 
 
 def _cell(value: object, form: str) -> str:
-    if value is None or pd.isna(value):
-        return "unknown"
-    return format(int(value) if form == "d" else value, form)
-
-
-def report_window(row: Mapping[str, Any], now: float) -> dict[str, float]:
-    """The run's launch to the report (``now``), its bound and their ratio (NaN where the
-    workflow's launch is unknown)."""
-    launched = row.get("timeline_origin") == "workflow launch"
-    wall = now - float(row["launch_at"]) if launched else math.nan
-    bound = float(row.get("bound_s", math.nan))
-    return {"report_s": wall, "bound_s": bound, "ratio": wall / bound if bound > 0 else math.nan}
+    return number(value, form, "unknown")
 
 
 def timeline_html(row: Mapping[str, Any], now: float) -> str:
@@ -94,7 +85,7 @@ def timeline_html(row: Mapping[str, Any], now: float) -> str:
         f"<p>From the {html.escape(row['timeline_origin'])}. The bound is the server's own "
         f"start to ready plus {int(row['observations'])} observations at its closed-loop "
         f"rate ({_cell(row['capacity_obs_per_s'], '.2f')} obs/s, the capacity probe).</p>"
-        + _html_table(frame)
+        + html_table(frame)
         + chosen
     )
 
@@ -111,7 +102,7 @@ def efficiency_html(table: pd.DataFrame, now: float | None = None) -> str:
         "to its last answer. Capacity comes from the server's probe; without one it is "
         "unknown.</p>"
     )
-    body += _html_table(shown) if len(table) else "<p>No dispatch logs.</p>"
+    body += html_table(shown) if len(table) else "<p>No dispatch logs.</p>"
     warnings = [w for w in table.get("warning", pd.Series(dtype=str)).fillna("") if w]
     if warnings:
         items = "".join(f"<li>{html.escape(w)}</li>" for w in warnings)

@@ -10,6 +10,8 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from libero_eval import settings_schema
+from libero_eval.analysis.display import confidence_level
+from libero_eval.analysis.throughput import run_start, steps_per_second
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
@@ -21,10 +23,6 @@ def save_figure(figure: Figure, path: str | Path) -> None:
     """Save as PNG (Agg) with a white background."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=110, facecolor="white", bbox_inches="tight")
-
-
-def _level(confidence: float) -> str:
-    return f"{round(confidence * 100)}%"
 
 
 def _note(axes, text: str) -> None:
@@ -76,7 +74,7 @@ def success_by_task_figure(
     axes.set_yticks(positions, [_task_label(row) for _, row in tasks.iterrows()], fontsize=8)
     axes.set_xlim(0, 100)
     axes.set_xlabel("success rate (%)")
-    axes.set_title(f"Success per task ({_level(confidence)} Wilson CI)")
+    axes.set_title(f"Success per task ({confidence_level(confidence)} Wilson CI)")
     axes.grid(axis="x", alpha=0.3)
     axes.legend(loc="lower right", fontsize=8)
     return figure
@@ -98,7 +96,7 @@ def success_by_suite_figure(
     axes.set_xticks(positions, labels, fontsize=9)
     axes.set_ylim(0, 105)
     axes.set_ylabel("success rate (%)")
-    axes.set_title(f"Success per suite ({_level(confidence)} Wilson CI)")
+    axes.set_title(f"Success per suite ({confidence_level(confidence)} Wilson CI)")
     axes.grid(axis="y", alpha=0.3)
     axes.legend(fontsize=8)
     return figure
@@ -138,17 +136,13 @@ def first_success_step_figure(episodes: pd.DataFrame) -> Figure:
     return figure
 
 
-def _run_start(episodes: pd.DataFrame) -> float:
-    return float((episodes["finished_at"] - episodes["wall_time_s"]).min())
-
-
 def latency_over_time_figure(episodes: pd.DataFrame) -> Figure:
     """Per-episode policy latency (mean and p95) against the time it finished, per slot."""
     figure = Figure(figsize=(10, 4), layout="constrained")
     axes = figure.add_subplot()
     measured = episodes.dropna(subset=["policy_latency_mean_s"])
     if len(measured):
-        start = _run_start(episodes)
+        start = run_start(episodes)
         for index, (slot, group) in enumerate(measured.groupby("server_slot", sort=True)):
             minutes = (group["finished_at"] - start) / 60
             color = f"C{index % 10}"
@@ -179,26 +173,12 @@ def latency_over_time_figure(episodes: pd.DataFrame) -> Figure:
     return figure
 
 
-def steps_per_second(episodes: pd.DataFrame, edges: np.ndarray, origin: float) -> np.ndarray:
-    """Env steps per second in each time bin (edges in seconds after `origin`), each episode's
-    steps spread evenly over the interval it ran."""
-    finish = (episodes["finished_at"] - origin).to_numpy(float)
-    begin = finish - episodes["wall_time_s"].to_numpy(float)
-    rate = episodes["steps"].to_numpy(float) / np.maximum(finish - begin, 1e-9)
-    overlap = np.clip(
-        np.minimum(finish[:, None], edges[None, 1:]) - np.maximum(begin[:, None], edges[None, :-1]),
-        0,
-        None,
-    )
-    return (rate[:, None] * overlap).sum(axis=0) / np.diff(edges)
-
-
 def throughput_over_time_figure(episodes: pd.DataFrame, bins: int = 60) -> Figure:
     """Episodes finished over time and env steps per second, per slot and in total."""
     figure = Figure(figsize=(10, 5.5), layout="constrained")
     finished, per_second = figure.subplots(2, 1, sharex=True)
     if len(episodes):
-        start = _run_start(episodes)
+        start = run_start(episodes)
         span = max(float((episodes["finished_at"] - start).max()), 1.0)
         edges = np.linspace(0, span, bins + 1)
         centres = (edges[:-1] + edges[1:]) / 2 / 60

@@ -1,4 +1,4 @@
-"""The leaderboard (`libero_eval.leaderboard`) as Markdown, CSV and one self-contained HTML
+"""The leaderboard (`libero_eval.analysis.leaderboard`) as Markdown, CSV and one self-contained HTML
 page: a sortable, filterable table per comparison group (inline CSS and JavaScript, nothing
 fetched), each group's comparable pairs with `libero-eval compare`, and the runs left out."""
 
@@ -13,8 +13,9 @@ from typing import Any
 import pandas as pd
 
 from libero_eval import settings_schema
-from libero_eval.aggregate import METRICS
-from libero_eval.leaderboard import build_leaderboard
+from libero_eval.analysis.aggregate import METRICS
+from libero_eval.analysis.display import is_missing, markdown_table, mean_sd, number, rate_ci
+from libero_eval.analysis.leaderboard import build_leaderboard
 from libero_eval.report.tables import html_page
 
 # the config's defaults (the schema's), for callers that give no value
@@ -61,30 +62,19 @@ def _suites(table: pd.DataFrame) -> list[str]:
 
 
 def _rate(row: pd.Series, name: str, metric: str, decimals: int = REPORT["decimals"]) -> str:
-    value = row.get(f"{name}:{metric}", math.nan)
-    if pd.isna(value):
-        return ""
-    low, high = row[f"{name}:{metric}_ci_low"], row[f"{name}:{metric}_ci_high"]
-    text = f"{100 * value:.{decimals}f}% [{100 * low:.{decimals}f}, {100 * high:.{decimals}f}]"
+    low, high = row.get(f"{name}:{metric}_ci_low"), row.get(f"{name}:{metric}_ci_high")
+    text = rate_ci(row.get(f"{name}:{metric}", math.nan), low, high, decimals, missing="")
     mean, sd = row.get(f"{name}:{metric}_seed_mean"), row.get(f"{name}:{metric}_seed_std")
-    if mean is not None and pd.notna(mean):
+    if text and not is_missing(mean):
         seeds = len(str(row["seeds"]).split(","))
-        text += f"; {100 * mean:.{decimals}f} ± {100 * sd:.{decimals}f} over {seeds} seeds"
+        text += f"; {mean_sd(mean, sd, decimals)} over {seeds} seeds"
     return text
-
-
-def _number(value: Any, fmt: str) -> str:
-    return (
-        ""
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else fmt.format(value)
-    )
 
 
 def _text(value: Any) -> str:
     """A text cell: "" for a value the run does not have (None, or NaN where other runs of
     the table have it, e.g. a published verdict or a checkpoint hash)."""
-    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+    return "" if is_missing(value) else str(value)
 
 
 def display_rows(table: pd.DataFrame) -> list[list[tuple[str, Any]]]:
@@ -140,12 +130,12 @@ def display_rows(table: pd.DataFrame) -> list[list[tuple[str, Any]]]:
                     row["wall_time_s"],
                 ),
             ),
-            ("obs/s", (_number(row["obs_per_s"], "{:.2f}"), row["obs_per_s"])),
+            ("obs/s", (number(row["obs_per_s"], ".2f", ""), row["obs_per_s"])),
             # the slots' obs/s as a share of their servers' own capacity (the probe at start):
             # a fraction, shown in percent with a decimal so a small one does not read 0
             (
                 "% of capacity",
-                (_number(row["capacity_fraction"], "{:.1%}"), row["capacity_fraction"]),
+                (number(row["capacity_fraction"], ".1%", ""), row["capacity_fraction"]),
             ),
         ]
         shown.append(cells)
@@ -168,13 +158,10 @@ def leaderboard_markdown(table: pd.DataFrame, pairs: pd.DataFrame, left_out: lis
         "only within a group: the same episodes under the same protocol.\n"
     ]
     rows = display_rows(table)
+    headers = [h for h, _ in rows[0]] if rows else []
     for group, members in table.groupby("group", sort=True):
-        headers = [h for h, _ in rows[0]]
-        parts.append(f"\n## {group}\n\n| " + " | ".join(headers) + " |\n")
-        parts.append("|" + "---|" * len(headers) + "\n")
-        for index in members.index:
-            cells = [str(text).replace("|", "\\|") for _, (text, _) in rows[index]]
-            parts.append("| " + " | ".join(cells) + " |\n")
+        cells = [[text for _, (text, _) in rows[index]] for index in members.index]
+        parts += [f"\n## {group}\n\n", markdown_table(pd.DataFrame(cells, columns=headers))]
         mine = pairs[pairs["group"] == group] if len(pairs) else pairs
         if len(mine):
             parts.append("\nPaired comparisons:\n\n")

@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 
-from libero_eval.report.figures import _run_start
+from libero_eval.analysis.throughput import run_start
 from libero_eval.report.tables import html_page
 
 PROVENANCE_PACKAGES = (
@@ -129,7 +129,7 @@ def provenance(
     if episodes is not None and len(episodes):
         record["episodes"] = {
             "count": len(episodes),
-            "first_started_at": _timestamp(_run_start(episodes)),
+            "first_started_at": _timestamp(run_start(episodes)),
             "last_finished_at": _timestamp(float(episodes["finished_at"].max())),
             "protocols": sorted(episodes["protocol"].unique()),
             "server_urls": sorted(episodes["server_url"].dropna().unique()),

@@ -1,5 +1,5 @@
 """The robustness report drawn: the perturbation x task heatmap, the HTML page, and every
-output of the `report_robustness` rule. The statistics are `libero_eval.robustness`'s."""
+output of the `report_robustness` rule. The statistics are `libero_eval.analysis.robustness`'s."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from libero_eval import suites
+from libero_eval.analysis.robustness import INTRO, Robustness, display_table, robustness_markdown
 from libero_eval.report.figures import save_figure
 from libero_eval.report.tables import html_page
-from libero_eval.robustness import INTRO, Robustness, display_table, robustness_markdown
 
 
 def robustness_html(result: Robustness) -> str:

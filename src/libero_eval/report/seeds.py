@@ -10,8 +10,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from libero_eval import settings_schema
-from libero_eval.aggregate import METRICS, per_seed_table, seeds_markdown
-from libero_eval.report.figures import METRIC_LABELS, _level
+from libero_eval.analysis.aggregate import METRICS, per_seed_table
+from libero_eval.analysis.display import confidence_level
+from libero_eval.report.figures import METRIC_LABELS
+from libero_eval.report.tables import html_table
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
@@ -72,26 +74,14 @@ def success_by_seed_figure(
     return figure
 
 
-def seeds_html(
-    table: pd.DataFrame,
-    episodes: pd.DataFrame,
-    confidence: float = REPORT["confidence_level"],
-    decimals: int = REPORT["decimals"],
-) -> str:
-    """The seeds section of the success table ("" for a single-seed run): the same rows as
-    summary.md's "Seeds" section."""
-    per_seed = per_seed_table(episodes, confidence)
-    markdown = seeds_markdown(table, per_seed, confidence, decimals)
-    if not markdown:
+def seeds_html(cells: pd.DataFrame | None, confidence: float = REPORT["confidence_level"]) -> str:
+    """The seeds section of the success table ("" for a single-seed run): `cells` are the rows
+    of summary.md's "Seeds" section (`libero_eval.analysis.aggregate.seeds_cells`)."""
+    if cells is None:
         return ""
-    lines = [line for line in markdown.splitlines() if line.startswith("|")]
-    header = [c.strip() for c in lines[0].strip("|").split("|")]
-    body = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
-    frame = pd.DataFrame(body, columns=header)
     note = (
         f"Each episode ran once per seed. Pooled: all episodes of all seeds with the "
-        f"{_level(confidence)} Wilson interval; mean ± sd over the seeds' own rates, in percent."
+        f"{confidence_level(confidence)} Wilson interval; mean ± sd over the seeds' own rates, "
+        "in percent."
     )
-    return f"<h2>Seeds</h2><p>{html.escape(note)}</p>" + frame.to_html(
-        index=False, border=0, escape=True
-    )
+    return f"<h2>Seeds</h2><p>{html.escape(note)}</p>" + html_table(cells)

@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import html
-import math
-from typing import Any
 
 import pandas as pd
 
 from libero_eval import settings_schema
-from libero_eval.published import published_html
-from libero_eval.report.figures import _level
+from libero_eval.analysis.aggregate import METRICS
+from libero_eval.analysis.display import confidence_level, number, rate_cells, rate_ci
+from libero_eval.analysis.published import published_cells, published_note
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
-
-NO_ERROR = "task not completed (no error)"
 
 _CSS = """
 body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
@@ -39,14 +36,9 @@ def html_page(title: str, body: str) -> str:
     )
 
 
-def _html_table(frame: pd.DataFrame) -> str:
+def html_table(frame: pd.DataFrame) -> str:
+    """`frame` (cells as text, `libero_eval.analysis.display`) as an HTML table."""
     return frame.to_html(index=False, border=0, na_rep="", escape=True)
-
-
-def _ci_cell(value: float, low: float, high: float, decimals: int) -> str:
-    if math.isnan(value):
-        return "n/a"
-    return f"{100 * value:.{decimals}f}% [{100 * low:.{decimals}f}, {100 * high:.{decimals}f}]"
 
 
 def success_table_html(
@@ -59,9 +51,9 @@ def success_table_html(
 ) -> str:
     """Suites, overall and every task with both metrics and their Wilson intervals; then the
     seeds' spread (`seeds_section`, `report.seeds.seeds_html`, several seeds only); with
-    `published` rows (`libero_eval.published.published_checks`), measured against published
+    `published` rows (`libero_eval.analysis.published.published_checks`), measured against published
     after the suites."""
-    level = _level(confidence)
+    level = confidence_level(confidence)
 
     def rows(part: pd.DataFrame, task_label: bool) -> pd.DataFrame:
         frame = pd.DataFrame({"suite": part["suite"]})
@@ -70,11 +62,8 @@ def success_table_html(
                 f"{t}: {lang}"
                 for t, lang in zip(part["task_id"], part["task_language"], strict=True)
             ]
-        for metric in ("success_once", "success_at_end"):
-            frame[f"{metric} ({level} Wilson CI)"] = [
-                _ci_cell(r[metric], r[f"{metric}_ci_low"], r[f"{metric}_ci_high"], decimals)
-                for _, r in part.iterrows()
-            ]
+        for metric in METRICS:
+            frame[f"{metric} ({level} Wilson CI)"] = rate_cells(part, metric, decimals)
         frame["episodes"] = part["num_trajectories"].to_numpy()
         frame["errors"] = part["num_errors"].to_numpy()
         frame["mean steps"] = part["mean_steps"].round(0).to_numpy()
@@ -82,11 +71,16 @@ def success_table_html(
 
     suites = table[table["level"] != "task"]
     tasks = table[table["level"] == "task"]
+    measured = ""  # measured vs published, the rows of summary.md's section
+    if published is not None and len(published):
+        note = html.escape(published_note(published, alpha))
+        cells = html_table(published_cells(published, confidence, decimals))
+        measured = f"<h2>Measured vs published</h2><p>{note}</p>{cells}"
     body = (
-        f"<h2>Suites and overall</h2>{_html_table(rows(suites, False))}"
+        f"<h2>Suites and overall</h2>{html_table(rows(suites, False))}"
         + seeds_section
-        + (published_html(published, confidence, decimals, alpha) if published is not None else "")
-        + f"<h2>Tasks</h2>{_html_table(rows(tasks, True))}"
+        + measured
+        + f"<h2>Tasks</h2>{html_table(rows(tasks, True))}"
     )
     return html_page("Success per task and suite", body)
 
@@ -100,8 +94,8 @@ def success_overview_rst(
 ) -> str:
     """The report's first screen (reStructuredText, included by workflow/report/workflow.rst):
     each suite's and the overall success with their Wilson intervals, episodes, errors and
-    mean steps, and how steps count (`steps`, `libero_eval.aggregate.steps_note`)."""
-    level = _level(confidence)
+    mean steps, and how steps count (`steps`, `libero_eval.analysis.aggregate.steps_note`)."""
+    level = confidence_level(confidence)
 
     def cell(text: object) -> str:
         return str(text).replace("|", "\\|").replace("*", "\\*")
@@ -120,13 +114,10 @@ def success_overview_rst(
         rows.append(
             [
                 "all" if r["level"] == "overall" else r["suite"],
-                *(
-                    _ci_cell(r[m], r[f"{m}_ci_low"], r[f"{m}_ci_high"], decimals)
-                    for m in ("success_once", "success_at_end")
-                ),
+                *(rate_ci(r[m], r[f"{m}_ci_low"], r[f"{m}_ci_high"], decimals) for m in METRICS),
                 r["num_trajectories"],
                 r["num_errors"],
-                "n/a" if math.isnan(r["mean_steps"]) else f"{r['mean_steps']:.0f}",
+                number(r["mean_steps"], ".0f"),
             ]
         )
     for row in rows:
@@ -138,44 +129,11 @@ def success_overview_rst(
     return "\n".join(lines)
 
 
-def _first_line(error: Any) -> str:
-    if error is None or error is pd.NA or (isinstance(error, float) and math.isnan(error)):
-        return NO_ERROR
-    return str(error).strip().splitlines()[0][:300] if str(error).strip() else NO_ERROR
-
-
-def failures_by_error(episodes: pd.DataFrame, metric: str = "success_once") -> pd.DataFrame:
-    """Failed episodes grouped by their error's first line (no error: the task was not done)."""
-    columns = ["error", "episodes", "share_of_failures", "suites", "examples"]
-    failed = episodes[~episodes[metric].astype(bool)]
-    if not len(failed):
-        return pd.DataFrame(columns=columns)
-    reasons = failed["error"].map(_first_line)
-    rows = []
-    for reason, group in failed.groupby(reasons, sort=False):
-        keys = [
-            f"{r.suite}/task{int(r.task_id):02d}/init{int(r.init_state_id):02d}"
-            for r in group.itertuples()
-        ]
-        rows.append(
-            {
-                "error": reason,
-                "episodes": len(group),
-                "share_of_failures": len(group) / len(failed),
-                "suites": ", ".join(sorted(group["suite"].unique())),
-                "examples": ", ".join(keys[:5]) + (", ..." if len(keys) > 5 else ""),
-            }
-        )
-    return pd.DataFrame(rows, columns=columns).sort_values(
-        ["episodes", "error"], ascending=[False, True], ignore_index=True
-    )
-
-
 def failures_html(failures: pd.DataFrame, num_episodes: int) -> str:
     shown = failures.assign(
         share_of_failures=failures["share_of_failures"].map(lambda v: f"{100 * v:.1f}%")
     )
     total = int(failures["episodes"].sum()) if len(failures) else 0
     body = f"<p>{total} of {num_episodes} episodes failed (success_once false).</p>"
-    body += _html_table(shown) if len(failures) else "<p>No failures.</p>"
+    body += html_table(shown) if len(failures) else "<p>No failures.</p>"
     return html_page("Failures grouped by error", body)

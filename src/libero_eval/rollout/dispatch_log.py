@@ -1,7 +1,8 @@
 """A shard's dispatch log (`results/<run>/shards/<shard>.dispatch.json`): every policy request
 (sent, answered, observations, ok, its batch, when it began to leave), the envs' time waiting
 and stepping, the shard's timeline (`TIMELINE`) and its choices of envs and dispatch (with
-why), read by `libero_eval.efficiency` for the run's GPU efficiency report and its timeline."""
+why), read by `libero_eval.analysis.efficiency` for the run's GPU efficiency report and its
+timeline."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Self
+from typing import Any
 
 import numpy as np
 
@@ -34,8 +34,10 @@ from libero_eval.failures import FailurePolicy
 from libero_eval.faults import Faults
 from libero_eval.plan import Episode
 from libero_eval.policy.connection import ConnectionSpec, PolicyConnection, connect
+from libero_eval.policy.connection_base import ClosedOnExit
 from libero_eval.policy.errors import PolicyRequestRejected
-from libero_eval.rollout.env_worker import Command, EnvWorker, EpisodeSpec, Reply, Status
+from libero_eval.rollout.env_worker import Command, EnvWorker, Reply, Status
+from libero_eval.rollout.libero_env import EpisodeSpec
 from libero_eval.store import EpisodeStore
 
 INJECTED_ENV_ERROR = "RuntimeError: injected env error (LIBERO_EVAL_FAULT)"
@@ -121,7 +123,7 @@ class RequestCount:
             return self._sent
 
 
-class FaultyConnection:
+class FaultyConnection(ClosedOnExit):
     """A policy connection whose shard's ``reject_request_at``-th request is rejected (before
     it is sent); everything else is the wrapped connection's."""
 
@@ -145,12 +147,6 @@ class FaultyConnection:
 
     def close(self) -> None:
         self._connection.close()
-
-    def __enter__(self) -> Self:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
 
 def faulty_connections(

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from libero_eval.plan import Episode
-from libero_eval.rollout.env_worker import EpisodeOutcome
+from libero_eval.rollout.libero_env import EpisodeOutcome
 from libero_eval.rollout.protocols import reset_seed_of
 from libero_eval.rollout.scheduler import RunningEpisode
 from libero_eval.rollout.shard_settings import ShardSettings

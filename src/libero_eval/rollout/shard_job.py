@@ -35,7 +35,8 @@ from libero_eval.rollout.fault_injection import (
     faulty_env_workers,
 )
 from libero_eval.rollout.render_device import RenderPlan
-from libero_eval.rollout.runner import ShardFailed, ShardSettings, run_shard
+from libero_eval.rollout.shard_run import run_shard
+from libero_eval.rollout.shard_settings import ShardFailed, ShardSettings
 from libero_eval.service import ParentWatch, ServiceUnavailableError, wait_for_service
 from libero_eval.store import DiskFullError, EpisodeStore
 

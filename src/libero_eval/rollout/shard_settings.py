@@ -9,7 +9,7 @@ from pathlib import Path
 from libero_eval.failures import FailurePolicy
 from libero_eval.policy.adapter import PolicyAdapter
 from libero_eval.policy.connection import ConnectionSpec
-from libero_eval.rollout.env_worker import EnvSettings
+from libero_eval.rollout.libero_env import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol
 
 

@@ -3,7 +3,7 @@
 A perturbation task pairs with a clean task when it is the same task (`libero_eval.suites.
 pairing`: matched by name or goal, not a `_task` rewrite, the same number of stored init
 states); then its episode with init state k pairs with the clean episode of that task with
-init state k, and the paired comparison of `libero_eval.compare` applies (difference,
+init state k, and the paired comparison of `libero_eval.analysis.compare` applies (difference,
 McNemar's exact test, paired bootstrap interval), per task and over the suite. LIBERO-PRO
 stores its own init states per suite, so a pair shares the task and the init-state index, not
 the exact object poses: pairing then gains power where outcomes correlate and, under equal
@@ -21,8 +21,9 @@ import numpy as np
 import pandas as pd
 
 from libero_eval import settings_schema, suites
-from libero_eval.aggregate import METRICS, wilson_interval
-from libero_eval.compare import compare_runs
+from libero_eval.analysis import display
+from libero_eval.analysis.aggregate import METRICS, wilson_interval
+from libero_eval.analysis.compare import compare_runs
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
@@ -243,40 +244,29 @@ def robustness(
 # ----------------------------------------------------------------------------- outputs
 
 
-def _pct(value: float, decimals: int = REPORT["decimals"]) -> str:
-    return "n/a" if value is None or math.isnan(value) else f"{100 * value:.{decimals}f}%"
-
-
-def _points(value: float, decimals: int = REPORT["decimals"]) -> str:
-    return "n/a" if value is None or math.isnan(value) else f"{100 * value:+.{decimals}f}"
-
-
-def _interval(low: float, high: float) -> str:
-    if low is None or math.isnan(low):
-        return ""
-    return f" [{100 * low:.0f}, {100 * high:.0f}]"
-
-
-def _rate_cells(t: pd.DataFrame, side: str) -> list[str]:
+def _rate_cells(t: pd.DataFrame, side: str, decimals: int) -> list[str]:
     """`side`'s rate with its Wilson interval and episode count, one cell per row."""
     columns = (t[f"{side}_rate"], t[f"{side}_ci_low"], t[f"{side}_ci_high"], t[f"n_{side}"])
-    return [f"{_pct(r)}{_interval(lo, hi)} (n={n})" for r, lo, hi, n in zip(*columns, strict=True)]
+    return [
+        f"{display.rate_ci(r, lo, hi, decimals)} (n={n})"
+        for r, lo, hi, n in zip(*columns, strict=True)
+    ]
 
 
-def display_table(result: Robustness) -> pd.DataFrame:
-    """The table as strings for Markdown and HTML."""
+def display_table(result: Robustness, decimals: int = REPORT["decimals"]) -> pd.DataFrame:
+    """The table as text, the same for the Markdown and the report's page."""
     t = result.table
-    level = f"{round(result.confidence * 100)}%"
+    level = display.confidence_level(result.confidence)
     return pd.DataFrame(
         {
             "suite": t["suite"],
             "perturbation": t["perturbation"],
             "task": ["all" if pd.isna(task) else str(task) for task in t["task_id"]],
             "paired": np.where(t["paired"], "paired", "unpaired"),
-            f"clean ({level} Wilson)": _rate_cells(t, "clean"),
-            f"perturbed ({level} Wilson)": _rate_cells(t, "perturbed"),
+            f"clean ({level} Wilson)": _rate_cells(t, "clean", decimals),
+            f"perturbed ({level} Wilson)": _rate_cells(t, "perturbed", decimals),
             f"difference, points ({level} bootstrap CI if paired)": [
-                f"{_points(d)}{_interval(lo, hi) if paired else ''}"
+                display.points_ci(d, lo, hi, decimals) if paired else display.points(d, decimals)
                 for d, lo, hi, paired in zip(
                     t["difference"],
                     t["difference_ci_low"],
@@ -290,7 +280,7 @@ def display_table(result: Robustness) -> pd.DataFrame:
                 for g, lo, paired in zip(t["gained"], t["lost"], t["paired"], strict=True)
             ],
             "McNemar exact p": [
-                f"{p:.3g}" if paired else ""
+                display.p_value(p) if paired else ""
                 for p, paired in zip(t["mcnemar_p"], t["paired"], strict=True)
             ],
             "note": t["note"].fillna(""),
@@ -320,9 +310,5 @@ def robustness_markdown(result: Robustness) -> str:
         if part.empty:
             parts.append("None.\n\n")
             continue
-        parts.append("| " + " | ".join(part.columns) + " |\n")
-        parts.append("|" + "---|" * len(part.columns) + "\n")
-        for _, row in part.iterrows():
-            parts.append("| " + " | ".join(str(v).replace("|", "\\|") for v in row) + " |\n")
-        parts.append("\n")
+        parts += [display.markdown_table(part), "\n"]
     return "".join(parts)

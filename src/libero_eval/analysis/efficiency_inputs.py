@@ -90,19 +90,28 @@ class ServiceTimeline:
     startup_parts: dict[str, float]
 
 
+def _service_file(path: Path) -> dict[str, Any]:
+    """A slot's service file as a mapping; empty when it is gone (the serve job removes it)."""
+    if not path.is_file():
+        return {}
+    try:
+        info = json.loads(path.read_text())
+        why = "" if isinstance(info, dict) else f"a JSON {type(info).__name__}, not an object"
+    except json.JSONDecodeError as exc:
+        why = str(exc)
+    if why:
+        raise EfficiencyInputError(
+            f"{path}: not a service file ({why}); delete it, the serve job rewrites it"
+        )
+    return info
+
+
 def read_service_timeline(service_file: Path | str) -> ServiceTimeline | None:
     """The server's timeline from a slot's service file; None when the file is gone or was
     written by an older serve job (no "timeline")."""
     path = Path(service_file)
-    if not path.is_file():
-        return None
-    try:
-        info = json.loads(path.read_text())
-        timeline = info.get("timeline")
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise EfficiencyInputError(
-            f"{path}: not a service file ({exc}); delete it, the serve job rewrites it"
-        ) from None
+    info = _service_file(path)
+    timeline = info.get("timeline")
     if timeline is None:
         return None
     try:
@@ -163,14 +172,7 @@ def read_capacity(service_file: Path | str) -> Capacity | None:
     """The capacity probe of a slot's service file; None when the file or its `capacity`
     is missing (older runs, a failed probe)."""
     path = Path(service_file)
-    if not path.is_file():
-        return None
-    try:
-        capacity = json.loads(path.read_text()).get("capacity")
-    except (json.JSONDecodeError, AttributeError) as exc:
-        raise EfficiencyInputError(
-            f"{path}: not a service file ({exc}); delete it, the serve job rewrites it"
-        ) from None
+    capacity = _service_file(path).get("capacity")
     if capacity is None:
         return None
     try:

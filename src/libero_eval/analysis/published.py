@@ -23,21 +23,24 @@ The verdict is "consistent" when p >= alpha, else "differs (p = ...)". A suite i
 
 from __future__ import annotations
 
-import difflib
-import html
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
+
+import pandas as pd
 
 from libero_eval import settings_schema
+from libero_eval.analysis.display import (
+    confidence_level,
+    markdown_table,
+    p_value,
+    percent,
+    rate_ci,
+)
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
 
-# pandas and scipy.stats are imported where a check runs, not with the module: the config
-# check (`check_published_config`) needs neither, and Snakemake imports it at parse time.
-if TYPE_CHECKING:
-    import pandas as pd
 
 OVERALL = "overall"
 COLUMNS = [
@@ -88,25 +91,6 @@ def verdict(p_value: float, alpha: float = REPORT["published_alpha"]) -> str:
     return f"differs (p = {shown})"
 
 
-def check_published_config(report: Mapping[str, Any], suite_names: list[str]) -> None:
-    """Raise ValueError naming the field for what the schema cannot check: a published key that
-    is neither `overall` nor a registered suite (a typo would otherwise never be compared)."""
-    for key, entry in (report.get("published") or {}).items():
-        field = f"report.published.{key}"
-        if key != OVERALL and key not in suite_names:
-            close = difflib.get_close_matches(key, suite_names, n=3, cutoff=0.6)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(f"{field}: {key!r} is not a suite name or {OVERALL!r}.{hint}")
-        rate = entry.get("rate")
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
-            raise ValueError(f"{field}.rate: {rate!r} is not a fraction in [0, 1] (96.8% is 0.968)")
-        n = entry.get("n")
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(f"{field}.n: {n!r} is not an episode count >= 1 (or null)")
-        if not str(entry.get("source") or "").strip():
-            raise ValueError(f"{field}.source: say where the figure comes from")
-
-
 def _measured_row(table: pd.DataFrame, key: str) -> pd.Series | None:
     if key == OVERALL:
         rows = table[table["level"] == "overall"]
@@ -127,8 +111,6 @@ def published_checks(
 
     `overall` is compared with the run's pooled overall row only when the run evaluated exactly
     the suites `published` lists; otherwise its verdict says why it is not comparable."""
-    import pandas as pd
-
     if not published:
         return pd.DataFrame(columns=COLUMNS)
     evaluated = sorted(table.loc[table["level"] == "suite", "suite"])
@@ -176,47 +158,35 @@ def published_checks(
     return frame
 
 
-def _cells(checks: pd.DataFrame, decimals: int) -> list[dict[str, str]]:
-    """Display strings per check row, shared by the Markdown and HTML tables."""
-    import pandas as pd
-
-    cells = []
+def published_cells(
+    checks: pd.DataFrame,
+    confidence: float = REPORT["confidence_level"],
+    decimals: int = REPORT["decimals"],
+) -> pd.DataFrame:
+    """The checks as text, one row per check, the same for summary.md and the report."""
+    rows = []
     for r in checks.itertuples(index=False):
-        if pd.isna(r.trials):
-            measured = "not evaluated"
-        else:
-            measured = (
-                f"{100 * r.measured:.{decimals}f}% [{100 * r.measured_ci_low:.{decimals}f}, "
-                f"{100 * r.measured_ci_high:.{decimals}f}] ({r.successes}/{r.trials})"
-            )
-        published = f"{100 * r.published_rate:.{decimals}f}%"
+        measured = "not evaluated"
+        if not pd.isna(r.trials):
+            interval = rate_ci(r.measured, r.measured_ci_low, r.measured_ci_high, decimals)
+            measured = f"{interval} ({r.successes}/{r.trials})"
+        published = percent(r.published_rate, decimals)
         if not pd.isna(r.published_n):
             published += f" ({r.published_successes}/{r.published_n})"
         test = {"fisher_exact": "Fisher exact", "binomial": "exact binomial"}.get(r.test, "")
-        p = "" if math.isnan(r.p_value) else f"{r.p_value:.3g}"
-        cells.append(
-            {
-                "suite": r.suite,
-                "measured": measured,
-                "published": published,
-                "source": r.source,
-                "test": test,
-                "p": p,
-                "verdict": r.verdict,
-            }
-        )
-    return cells
+        rows.append([r.suite, measured, published, r.source, test, p_value(r.p_value), r.verdict])
+    measured_header = f"measured ({confidence_level(confidence)} Wilson CI)"
+    columns = ["suite", measured_header, "published", "source", "test", "p", "verdict"]
+    return pd.DataFrame(rows, columns=columns)
 
 
-def _heading(checks: pd.DataFrame, confidence: float, alpha: float) -> tuple[str, str]:
-    metric = checks["metric"].iloc[0]
-    level = f"{round(confidence * 100)}%"
-    note = (
-        f"{metric} against the figures in report.published; two-sided exact tests "
-        f"(Fisher's with the published n, else binomial against the published rate), "
+def published_note(checks: pd.DataFrame, alpha: float) -> str:
+    """What the section compares, and how."""
+    return (
+        f"{checks['metric'].iloc[0]} against the figures in report.published; two-sided exact "
+        f"tests (Fisher's with the published n, else binomial against the published rate), "
         f"alpha = {alpha:g}."
     )
-    return f"measured ({level} Wilson CI)", note
 
 
 def published_markdown(
@@ -228,34 +198,6 @@ def published_markdown(
     """The "Measured vs published" section of summary.md ("" when nothing is published)."""
     if not len(checks):
         return ""
-    measured_header, note = _heading(checks, confidence, alpha)
-    lines = [
-        "## Measured vs published\n\n",
-        f"{note}\n\n",
-        f"| suite | {measured_header} | published | source | test | p | verdict |\n",
-        "|---|---|---|---|---|---|---|\n",
-    ]
-    for c in _cells(checks, decimals):
-        source = c["source"].replace("|", "\\|")
-        lines.append(
-            f"| {c['suite']} | {c['measured']} | {c['published']} | {source} | {c['test']} "
-            f"| {c['p']} | {c['verdict']} |\n"
-        )
-    return "".join(lines)
-
-
-def published_html(
-    checks: pd.DataFrame,
-    confidence: float = REPORT["confidence_level"],
-    decimals: int = REPORT["decimals"],
-    alpha: float = REPORT["published_alpha"],
-) -> str:
-    """The same section as an HTML fragment ("" when nothing is published)."""
-    if not len(checks):
-        return ""
-    import pandas as pd
-
-    measured_header, note = _heading(checks, confidence, alpha)
-    frame = pd.DataFrame(_cells(checks, decimals)).rename(columns={"measured": measured_header})
-    table = frame.to_html(index=False, border=0, na_rep="", escape=True)
-    return f"<h2>Measured vs published</h2><p>{html.escape(note)}</p>{table}"
+    return f"## Measured vs published\n\n{published_note(checks, alpha)}\n\n" + markdown_table(
+        published_cells(checks, confidence, decimals)
+    )

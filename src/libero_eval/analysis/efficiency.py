@@ -8,15 +8,16 @@ service file (`results/<run>/servers/slot<K>.json`) may hold the server's measur
 (`"capacity"`, a probe of latency against batch size); without it the fraction of capacity
 is unknown and is reported so, never estimated. A slot's serve log (`logs/<run>/serve/slot<K>.log`)
 says whether SGLang ran out of CUDA graphs, how many it captured while serving, and how many
-requests each batch it ran while serving merged (`libero_eval.efficiency_inputs` reads all
+requests each batch it ran while serving merged (`libero_eval.analysis.efficiency_inputs` reads all
 three). The server's own pace, its seconds per full batch in the run, comes from the answers
-(`libero_eval.server_pace`).
+(`libero_eval.analysis.server_pace`).
 
-`slot_efficiency` computes the figures of one slot, `diagnose` turns them into a warning
-with its likely cause and the setting to change, and `write_efficiency` is the aggregate
-step's part: `summary/efficiency.csv`, the "Efficiency" section of `summary/summary.md` and
-one event-log line per slot. Each slot's row also says where the run's wall time went, from
-the workflow's launch to the aggregate step, against its server's bound (`libero_eval.timeline`).
+`slot_efficiency` computes the figures of one slot, `diagnose`
+(`libero_eval.analysis.diagnosis`) turns them into a warning with its likely cause and the
+setting to change, and `write_efficiency` is the aggregate step's part:
+`summary/efficiency.csv`, the "Efficiency" section of `summary/summary.md` and one event-log
+line per slot. Each slot's row also says where the run's wall time went, from the workflow's
+launch to the aggregate step, against its server's bound (`libero_eval.analysis.timeline`).
 """
 
 from __future__ import annotations
@@ -24,14 +25,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from libero_eval.efficiency_inputs import (
+from libero_eval.analysis.diagnosis import diagnose, merges_requests
+from libero_eval.analysis.display import markdown_table, number
+from libero_eval.analysis.efficiency_inputs import (
     Capacity,
     ServeLog,
     ServiceTimeline,
@@ -40,26 +42,15 @@ from libero_eval.efficiency_inputs import (
     read_serve_log,
     read_service_timeline,
 )
-from libero_eval.eventlog import log_event
-from libero_eval.server_pace import full_batch_seconds, server_batches
-from libero_eval.timeline import COLUMNS as TIMELINE_COLUMNS
-from libero_eval.timeline import launch_time, slot_timeline, timeline_line, timeline_markdown
-
-# A slot below this fraction of its server's capacity gets a warning.
-LOW_FRACTION = 0.8
-# Mean latency above this many times the probes' prediction: the server is slowed down.
-SLOWDOWN = 1.5
-# Client-side duty below this: the server waits for the envs.
-LOW_DUTY = 0.8
-# Mean batch fill below this (with a high duty): batches leave the server's batch unused.
-LOW_FILL = 0.8
-ALWAYS_BUSY = 0.95  # client-side duty at or above this: the server was the bound
-BOUND_HINT = (  # measured on one H200: docs/performance.md, "Where the server's time goes"
-    "; the server always had work, so it was the bound: beside the envs, whose renders share "
-    "its GPU, its batches take longer than at its probe, and a free server starts the "
-    "requests that have come (split batches); more envs per GPU keep it queued (on one H200 "
-    '48 gave 8% more than 32: docs/performance.md, "Where the server\'s time goes")'
+from libero_eval.analysis.server_pace import full_batch_seconds, server_batches
+from libero_eval.analysis.timeline import COLUMNS as TIMELINE_COLUMNS
+from libero_eval.analysis.timeline import (
+    launch_time,
+    slot_timeline,
+    timeline_line,
+    timeline_markdown,
 )
+from libero_eval.eventlog import log_event
 
 COLUMNS = (
     "slot",
@@ -96,17 +87,8 @@ COLUMNS = (
     "probe_full_batch_s",
     "cause",
     "warning",
-    *TIMELINE_COLUMNS,  # where the wall time went (libero_eval.timeline)
+    *TIMELINE_COLUMNS,  # where the wall time went (libero_eval.analysis.timeline)
 )
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """Why a slot ran below capacity (`cause`: envs_short, graphs_exhausted, slowed_server,
-    envs_slow, batches_unfilled, unexplained) and what to change (`message`)."""
-
-    cause: str
-    message: str
 
 
 # --------------------------------------------------------------------------- figures
@@ -224,115 +206,10 @@ def slot_efficiency(
     return row
 
 
-def merges_requests(figures: Mapping[str, Any]) -> bool:
-    """Whether the slot's server merges one-observation requests into larger batches itself
-    (π0.5 on SGLang): its batch is larger than a request's."""
-    return figures.get("max_batch_size", 0) < figures.get("server_batch", 0)
-
-
 def _per_second(log: Mapping[str, Any], state: str) -> float:
     """Mean envs of a shard in `state` ("waiting", "stepping") over the shard's life."""
     seconds = float(log["ended_at"]) - float(log["started_at"])
     return float(log["env_seconds"][state]) / seconds if seconds > 0 else 0.0
-
-
-def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
-    """The likely cause of a slot below `LOW_FRACTION` of its capacity, from its figures, and
-    the setting to change; None at or above it, or when the capacity is unknown.
-
-    In order, the first that holds:
-    (a) duty below `LOW_DUTY`: the server idles while the envs step, too few envs (a slower
-        answer matters little then);
-    (a') the server's log says it ran out of CUDA graphs: batches of new shapes ran eagerly;
-    (b) the server slowed down while the envs ran (shapes without CUDA graphs, contention):
-        its full batches, back to back in the run, took over `SLOWDOWN` x the probes' fit
-        (`libero_eval.server_pace`), or without such batches, the mean latency was over
-        `SLOWDOWN` x the fit at the run's batch;
-    (c) batch fill below `LOW_FILL` with the envs stepping as long as they wait, or at a
-        server that merges any prompts: the envs are not back before the server is free,
-        too few (or too slow) envs;
-    (d) batch fill below `LOW_FILL` otherwise: too few trials per task to fill same-prompt
-        batches;
-    else the figures do not explain it.
-    """
-    fraction = figures["capacity_fraction"]
-    if not fraction < LOW_FRACTION:  # NaN (unknown) too
-        return None
-    head = f"slot {figures['slot']} ran at {fraction:.0%} of its server's capacity"
-    if figures["duty"] < LOW_DUTY:
-        return Verdict(
-            "envs_short",
-            f"{head}: a request was in flight {figures['duty']:.0%} of the time, the server "
-            "waits for the envs; raise rollout.total_num_envs / rollout.envs_per_shard",
-        )
-    reached = figures.get("graph_capacity_reached", math.nan)
-    if not math.isnan(reached):
-        return Verdict(
-            "graphs_exhausted",
-            f"{head}: the server ran out of CUDA graphs (its log: 'CUDA graph capacity "
-            f"reached ({int(reached)}); new signatures run eagerly'), so batches of the shapes "
-            "it had not captured ran eagerly, slower than the capacity probe's: raise the "
-            "capacity, and give prompts fixed lengths, in server.sglang.pipeline_config "
-            '(docs/performance.md, "SGLang\'s CUDA graphs")',
-        )
-    # the server's pace where the run had full batches back to back (a latency also holds
-    # the wait behind other batches in flight), else the latency at the run's batch
-    pace, probed = (
-        figures.get("full_batch_s", math.nan),
-        figures.get("probe_full_batch_s", math.nan),
-    )
-    paced = not math.isnan(pace) and not math.isnan(probed)
-    if paced:
-        slowed, what = pace > SLOWDOWN * probed, f"a full batch took {pace:.2f} s vs {probed:.2f}"
-    else:
-        predicted, latency = figures["predicted_latency_s"], figures["latency_mean_s"]
-        slowed = latency > SLOWDOWN * predicted  # False when no fit (NaN)
-        what = f"mean latency {latency:.2f} s vs {predicted:.2f}"
-    if slowed:
-        return Verdict(
-            "slowed_server",
-            f"{head}: {what} s the capacity probe predicts at this batch size; the server "
-            "is slowed while the envs run: check its "
-            "log for batch shapes captured or run without CUDA graphs (server.sglang."
-            "pipeline_config), then CPU contention: server.cpu_threads (on a 16-core H200, 4 "
-            "did best and SGLang's own 16 starved the node), rollout.env_niceness (the envs "
-            "yield to the server at 10), more cores per GPU or fewer envs per node",
-        )
-    if figures["batch_fill"] < LOW_FILL and (
-        merges_requests(figures) or figures["envs_stepping"] >= figures["envs_waiting"]
-    ):
-        return Verdict(
-            "envs_slow",
-            f"{head}: batches are {figures['batch_fill']:.0%} full and the envs step "
-            f"({figures['envs_stepping']:.1f} on average) as long as they wait "
-            f"({figures['envs_waiting']:.1f}): a prompt's envs are not back before the "
-            "server is free, so its batch leaves partial; add envs per GPU "
-            "(rollout.total_num_envs: one more batch of envs) or give the envs more CPUs",
-        )
-    if figures["batch_fill"] < LOW_FILL:
-        return Verdict(
-            "batches_unfilled",
-            f"{head}: batches are {figures['batch_fill']:.0%} full; a request carries one "
-            "prompt: give each task at least as many trials as the server's batch "
-            "(plan.num_trials_per_task), a multiple of it for full batches to the end",
-        )
-    captured = figures.get("graphs_captured_serving", math.nan)
-    stalls = (
-        f"; the server captured {int(captured)} CUDA graphs while serving (its log), each "
-        "stalling one batch once: a longer run spreads that cost"
-        if captured > 0  # False for NaN
-        else ""
-    )
-    bound = BOUND_HINT if figures["duty"] >= ALWAYS_BUSY else ""
-    pace_note = (
-        f"; its full batches took {pace:.2f} s against {probed:.2f} s at the probe" if paced else ""
-    )
-    return Verdict(
-        "unexplained",
-        f"{head}, with latency, duty ({figures['duty']:.0%}) and batch fill "
-        f"({figures['batch_fill']:.0%}) as expected{pace_note}{stalls}{bound}; compare the "
-        "capacity probe in the slot's service file with the serve log",
-    )
 
 
 def efficiency_table(
@@ -345,7 +222,7 @@ def efficiency_table(
 ) -> pd.DataFrame:
     """One row per slot (`COLUMNS`), its shards' logs merged, sorted by slot; with its
     server's timeline (`timelines`), the workflow's ``launch`` and the ``aggregate`` step's
-    time (epochs), where its wall time went (`libero_eval.timeline`)."""
+    time (epochs), where its wall time went (`libero_eval.analysis.timeline`)."""
     by_slot: dict[int, list[Mapping[str, Any]]] = {}
     for log in logs:
         by_slot.setdefault(int(log["slot"]), []).append(log)
@@ -359,14 +236,6 @@ def efficiency_table(
 
 
 # --------------------------------------------------------------------------- text
-
-
-def _num(value: float, form: str, unknown: str = "n/a") -> str:
-    return (
-        unknown
-        if value is None or (isinstance(value, float) and math.isnan(value))
-        else (format(value, form))
-    )
 
 
 def _no_requests(row: Mapping[str, Any]) -> str:
@@ -384,7 +253,7 @@ def efficiency_line(row: Mapping[str, Any]) -> str:
     if not row["requests"]:
         return f"slot {row['slot']} efficiency: {_no_requests(row)}"
     capacity = (
-        f"{_num(row['capacity_fraction'], '.0%')} of {row['capacity_obs_per_s']:.2f} capacity"
+        f"{number(row['capacity_fraction'], '.0%')} of {row['capacity_obs_per_s']:.2f} capacity"
         if not math.isnan(row["capacity_obs_per_s"])
         else "capacity unknown"
     )
@@ -407,10 +276,10 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
             reason = _no_requests(row)
             parts.append(f"{reason[0].upper()}{reason[1:]}.\n")
             continue
-        fraction = _num(row["capacity_fraction"], ".0%", "unknown (no capacity probe)")
+        fraction = number(row["capacity_fraction"], ".0%", "unknown (no capacity probe)")
         figures = [
             ("observations/s", f"{row['obs_per_s']:.2f}"),
-            ("capacity obs/s", _num(row["capacity_obs_per_s"], ".2f", "unknown")),
+            ("capacity obs/s", number(row["capacity_obs_per_s"], ".2f", "unknown")),
             ("fraction of capacity", fraction),
             ("requests (failed)", f"{row['requests']} ({row['failed_requests']})"),
             ("observations (answered ok)", f"{row['observations']} ({row['observations_ok']})"),
@@ -422,13 +291,14 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
             ("duty (request in flight)", f"{row['duty']:.2f}"),
             (
                 "latency mean / p50 / p95",
-                f"{_num(row['latency_mean_s'], '.2f')} / {_num(row['latency_p50_s'], '.2f')}"
-                f" / {_num(row['latency_p95_s'], '.2f')} s",
+                f"{number(row['latency_mean_s'], '.2f')} / {number(row['latency_p50_s'], '.2f')}"
+                f" / {number(row['latency_p95_s'], '.2f')} s",
             ),
-            ("predicted latency (probe fit)", _num(row["predicted_latency_s"], ".2f") + " s"),
+            ("predicted latency (probe fit)", number(row["predicted_latency_s"], ".2f") + " s"),
             (
                 "a full batch, in the run / at the probe",
-                f"{_num(row['full_batch_s'], '.3f')} / {_num(row['probe_full_batch_s'], '.3f')} s",
+                f"{number(row['full_batch_s'], '.3f')} / "
+                f"{number(row['probe_full_batch_s'], '.3f')} s",
             ),
             (
                 "envs waiting / stepping (of envs)",
@@ -457,8 +327,7 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
                     f"each on average (of {row['server_batch']})",
                 )
             )
-        parts.append("| figure | value |\n|---|---|\n")
-        parts.extend(f"| {name} | {value} |\n" for name, value in figures)
+        parts.append(markdown_table(pd.DataFrame(figures, columns=["figure", "value"])))
         if row["warning"]:
             parts.append(f"\n**Warning:** {row['warning']}\n")
         parts.append(timeline_markdown(row))
@@ -480,7 +349,7 @@ def write_efficiency(
     file, which may be gone) and its serve log's CUDA-graph and batch lines (`serve_logs`),
     write the CSV, append the "Efficiency" section to the summary Markdown and log a line per
     slot (plus its warning, and where its wall time went: the event log's "workflow launch"
-    to now, `libero_eval.timeline`)."""
+    to now, `libero_eval.analysis.timeline`)."""
     logs = [read_dispatch_log(p) for p in dispatch_paths]
     slots = {int(log["slot"]) for log in logs}
     capacities = {s: read_capacity(service_files[s]) if s in service_files else None for s in slots}

@@ -6,8 +6,8 @@ Runs share LIBERO's fixed init states, so the comparison is per episode: a pair 
 difference in success rate is `(gained - lost) / n_pairs`; its significance is McNemar's exact
 test (a two-sided binomial test of `gained` out of `gained + lost` at p = 0.5) and its
 uncertainty a paired bootstrap interval (episode pairs resampled with replacement, fixed seed).
-Episodes that ended with an error count as failures, as in `libero_eval.aggregate`; episodes
-present in only one run are reported, never silently dropped.
+Episodes that ended with an error count as failures, as in `libero_eval.analysis.aggregate`;
+episodes present in only one run are reported, never silently dropped.
 
 A pair is the same episode only when both runs defined their episodes alike: the settings the
 schema does not mark `x-fingerprint: false` under `rollout` (protocol, step limit, reset
@@ -16,12 +16,11 @@ written by the aggregate step; for a run aggregated before it, the config in
 `report/provenance.json`), and the protocol, reset seeding and seed in its episode rows.
 Runs that differ in any are refused, naming each difference, unless the caller allows it
 (`--allow-different-settings`, `compare.allow_different_settings`); then each difference is a
-warning in the comparison.
+warning in the comparison (`libero_eval.analysis.comparable`).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -33,92 +32,27 @@ import pandas as pd
 from scipy.stats import binomtest
 
 from libero_eval import settings_schema
-from libero_eval.aggregate import METRICS
+from libero_eval.analysis.aggregate import METRICS
+from libero_eval.analysis.comparable import (
+    PAIR_KEYS,
+    SETTINGS_FILE,
+    SettingDifference,
+    SettingsDiffer,
+    pair_keys,
+    setting_differences,
+)
+from libero_eval.analysis.display import (
+    confidence_level,
+    first_line,
+    markdown_table,
+    p_value,
+    percent,
+    points_ci,
+)
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
 COMPARE = settings_schema.defaults("compare")
-
-PAIR_KEYS = ["suite", "task_id", "init_state_id"]
-SETTINGS_FILE = Path("summary") / "settings.json"  # what a run recorded of its settings
-# episode columns that say how the episode was defined, by the setting they come from
-EPISODE_SETTINGS = {"protocol": "rollout.protocol", "reset_seeding": "rollout.reset_seeding"}
-
-
-class SettingsDiffer(ValueError):
-    """Two runs whose episodes were defined by different settings; the message names each."""
-
-
-@dataclass(frozen=True)
-class SettingDifference:
-    """One episode-defining setting with different values in the two runs."""
-
-    setting: str  # its config path, e.g. rollout.max_steps
-    baseline: Any
-    candidate: Any
-
-    def line(self, baseline: str, candidate: str) -> str:
-        return f"{self.setting}: `{baseline}` {self.baseline!r}, `{candidate}` {self.candidate!r}"
-
-
-def recorded_settings(run_dir: str | Path) -> dict[str, Any] | None:
-    """The episode-defining settings run `run_dir` recorded: `summary/settings.json` (the
-    aggregate step writes it, `RunSettings.recorded_settings`), else the config kept in
-    `report/provenance.json` by runs aggregated before it, its rollout section without the
-    fields the schema marks outcome-neutral; None when the run recorded neither."""
-    run_dir = Path(run_dir)
-    try:
-        return json.loads((run_dir / SETTINGS_FILE).read_text())
-    except (OSError, ValueError):
-        pass
-    try:
-        config = json.loads((run_dir / "report" / "provenance.json").read_text())["config"]
-        rollout = config["rollout"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return {"rollout": settings_schema.without_outcome_neutral(rollout, "rollout")}
-
-
-def _flat(settings: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for name, value in settings.items():
-        if isinstance(value, Mapping):
-            flat |= _flat(value, f"{prefix}{name}.")
-        else:
-            flat[f"{prefix}{name}"] = value
-    return flat
-
-
-def setting_differences(
-    baseline: pd.DataFrame,
-    candidate: pd.DataFrame,
-    settings: tuple[Mapping[str, Any] | None, Mapping[str, Any] | None] = (None, None),
-) -> list[SettingDifference]:
-    """The episode-defining settings in which the runs differ: from their episode rows (the
-    protocol, the reset seeding, and the seed where each run has one, so that pairs do not
-    match seeds) and from the settings each recorded (`recorded_settings`; a setting one of
-    them lacks is not compared)."""
-
-    def values(episodes: pd.DataFrame, column: str) -> str | None:
-        if column not in episodes.columns:
-            return None
-        found = sorted(str(v) for v in episodes[column].dropna().unique())
-        return ", ".join(found) if found else None
-
-    found: dict[str, SettingDifference] = {}
-    columns = dict(EPISODE_SETTINGS)
-    if "seed" not in pair_keys(baseline, candidate):
-        columns["seed"] = "plan.seed"
-    for column, setting in columns.items():
-        base, cand = values(baseline, column), values(candidate, column)
-        if base is not None and cand is not None and base != cand:
-            found[setting] = SettingDifference(setting, base, cand)
-    if settings[0] is not None and settings[1] is not None:
-        base_flat, cand_flat = _flat(settings[0]), _flat(settings[1])
-        for setting in sorted(base_flat.keys() & cand_flat.keys()):
-            if base_flat[setting] != cand_flat[setting]:
-                found[setting] = SettingDifference(setting, base_flat[setting], cand_flat[setting])
-    return sorted(found.values(), key=lambda d: d.setting)
 
 
 def mcnemar_exact(lost: int, gained: int) -> float:
@@ -226,13 +160,6 @@ class Comparison:
             for run in self.unrecorded
         ]
         return messages
-
-
-def pair_keys(*runs: pd.DataFrame) -> list[str]:
-    """What pairs two runs' episodes: (suite, task_id, init_state_id), and the seed when a run
-    has several seeds (plan.seeds): episode i of seed s pairs with episode i of seed s."""
-    several = any("seed" in r.columns and r["seed"].nunique() > 1 for r in runs)
-    return [*PAIR_KEYS, "seed"] if several else list(PAIR_KEYS)
 
 
 def _check_unique(episodes: pd.DataFrame, name: str, keys: list[str] = PAIR_KEYS) -> None:
@@ -409,88 +336,100 @@ def compare_runs(
     )
 
 
-def _pct(value: float, decimals: int) -> str:
-    return "n/a" if math.isnan(value) else f"{100 * value:.{decimals}f}%"
+def difference_cells(
+    comparison: Comparison, part: pd.DataFrame, labels: list[str], decimals: int
+) -> pd.DataFrame:
+    """Rows of `comparison.table` as text, the same for the Markdown and the report's page:
+    each run's rate (successes / pairs), the difference with its bootstrap interval, gained,
+    lost and McNemar's p; `labels` name the rows."""
+    c = comparison
+    level = confidence_level(c.confidence)
+
+    def rate(side: str) -> list[str]:
+        columns = (part[f"{side}_rate"], part[f"{side}_successes"], part["n_pairs"])
+        return [f"{percent(r, decimals)} ({k}/{n})" for r, k, n in zip(*columns, strict=True)]
+
+    low, high = part["difference_ci_low"], part["difference_ci_high"]
+    return pd.DataFrame(
+        {
+            "": labels,
+            f"{c.baseline} (baseline)": rate("baseline"),
+            f"{c.candidate} (candidate)": rate("candidate"),
+            f"difference, points ({level} bootstrap CI)": [
+                points_ci(d, lo, hi, decimals)
+                for d, lo, hi in zip(part["difference"], low, high, strict=True)
+            ],
+            "gained": part["gained"].to_numpy(),
+            "lost": part["lost"].to_numpy(),
+            "McNemar exact p": [p_value(p) for p in part["mcnemar_p"]],
+        }
+    )
 
 
-def _signed_pct(value: float, decimals: int) -> str:
-    return "n/a" if math.isnan(value) else f"{100 * value:+.{decimals}f}"
-
-
-def _p(value: float) -> str:
-    return f"{value:.4f}" if value >= 1e-4 else f"{value:.1e}"
+def task_labels(tasks: pd.DataFrame) -> list[str]:
+    """``libero_spatial 3: pick up the ...`` per task row."""
+    columns = (tasks["suite"], tasks["task_id"], tasks["task_language"])
+    return [f"{suite} {t}: {language}" for suite, t, language in zip(*columns, strict=True)]
 
 
 def comparison_markdown(comparison: Comparison, decimals: int = REPORT["decimals"]) -> str:
     """The comparison as Markdown: overall and suites, tasks, flipped and unmatched episodes."""
     c = comparison
-    level = f"{round(c.confidence * 100)}%"
-    header = (
-        f"| | `{c.baseline}` | `{c.candidate}` | difference, points ({level} bootstrap CI) "
-        "| gained | lost | McNemar exact p |\n|---|---|---|---|---|---|---|\n"
-    )
-
-    def line(row: pd.Series, label: str) -> str:
-        return (
-            f"| {label} | {_pct(row['baseline_rate'], decimals)} "
-            f"({row['baseline_successes']}/{row['n_pairs']}) "
-            f"| {_pct(row['candidate_rate'], decimals)} "
-            f"({row['candidate_successes']}/{row['n_pairs']}) "
-            f"| {_signed_pct(row['difference'], decimals)} "
-            f"[{_signed_pct(row['difference_ci_low'], decimals)}, "
-            f"{_signed_pct(row['difference_ci_high'], decimals)}] "
-            f"| {row['gained']} | {row['lost']} | {_p(row['mcnemar_p'])} |\n"
-        )
-
-    overall = c.overall
+    summary = c.table[c.table["level"] != "task"]
+    tasks = c.table[c.table["level"] == "task"]
+    labels = [
+        "**all**" if v == "overall" else s
+        for v, s in zip(summary["level"], summary["suite"], strict=True)
+    ]
+    runs = c.runs.rename(columns={c.metric: "successes"})
+    runs["run"] = [f"`{run}`" for run in runs["run"]]
     parts = [
         f"# Paired comparison: `{c.candidate}` vs `{c.baseline}`\n\n",
-        f"Metric `{c.metric}`; {overall['n_pairs']} episode pairs matched by "
+        f"Metric `{c.metric}`; {c.overall['n_pairs']} episode pairs matched by "
         "(suite, task, init state). Difference = candidate - baseline; gained = candidate "
         "succeeded where baseline failed, lost = the reverse.\n\n",
-        "| run | episodes | successes | errors | protocol | seed |\n|---|---|---|---|---|---|\n",
+        markdown_table(runs),
     ]
-    for _, run in c.runs.iterrows():
-        parts.append(
-            f"| `{run['run']}` | {run['episodes']} | {run[c.metric]} | {run['errors']} "
-            f"| {run['protocol']} | {run['seed']} |\n"
-        )
-    for warning in c.warnings:
-        parts.append(f"\n> **Warning.** {warning}\n")
-    parts += ["\n## Overall and suites\n\n", header]
-    for _, row in c.table[c.table["level"] != "task"].iterrows():
-        parts.append(line(row, "**all**" if row["level"] == "overall" else row["suite"]))
-    parts += ["\n## Tasks\n\n", header]
-    for _, row in c.table[c.table["level"] == "task"].iterrows():
-        parts.append(line(row, f"{row['suite']} {row['task_id']}: {row['task_language']}"))
+    parts += [f"\n> **Warning.** {warning}\n" for warning in c.warnings]
+    parts += [
+        "\n## Overall and suites\n\n",
+        markdown_table(difference_cells(c, summary, labels, decimals)),
+    ]
+    parts += [
+        "\n## Tasks\n\n",
+        markdown_table(difference_cells(c, tasks, task_labels(tasks), decimals)),
+    ]
     parts.append(f"\n## Flipped episodes ({len(c.flipped)})\n\n")
     if len(c.flipped):
-        parts.append("| suite | task | init state | change | baseline error | candidate error |\n")
-        parts.append("|---|---|---|---|---|---|\n")
-        for _, row in c.flipped.iterrows():
-            parts.append(
-                f"| {row['suite']} | {row['task_id']} | {row['init_state_id']} | {row['change']} "
-                f"| {_cell(row['baseline_error'])} | {_cell(row['candidate_error'])} |\n"
-            )
+        flipped = pd.DataFrame(
+            {
+                "suite": c.flipped["suite"],
+                "task": c.flipped["task_id"],
+                "init state": c.flipped["init_state_id"],
+                "change": c.flipped["change"],
+                "baseline error": c.flipped["baseline_error"].map(first_line),
+                "candidate error": c.flipped["candidate_error"].map(first_line),
+            }
+        )
+        parts.append(markdown_table(flipped))
     else:
         parts.append("None: every pair has the same outcome.\n")
     parts.append(f"\n## Unmatched episodes ({len(c.unmatched)})\n\n")
     if len(c.unmatched):
-        parts.append(
-            "Present in one run only, left out of every number above.\n\n"
-            "| suite | task | init state | seed | only in |\n|---|---|---|---|---|\n"
+        u = c.unmatched
+        unmatched = pd.DataFrame(
+            {
+                "suite": u["suite"],
+                "task": u["task_id"],
+                "init state": u["init_state_id"],
+                "seed": u["seed"].map(first_line) if "seed" in u else "",
+                "only in": [f"`{run}`" for run in u["only_in"]],
+            }
         )
-        for _, row in c.unmatched.iterrows():
-            parts.append(
-                f"| {row['suite']} | {row['task_id']} | {row['init_state_id']} "
-                f"| {_cell(row.get('seed'))} | `{row['only_in']}` |\n"
-            )
+        parts += [
+            "Present in one run only, left out of every number above.\n\n",
+            markdown_table(unmatched),
+        ]
     else:
         parts.append("None: both runs evaluated the same episodes.\n")
     return "".join(parts)
-
-
-def _cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)) or value is pd.NA:
-        return ""
-    return str(value).splitlines()[0].replace("|", "\\|")[:120]

@@ -29,7 +29,7 @@ from typing import Any
 
 import pandas as pd
 
-from libero_eval.aggregate import METRICS
+from libero_eval.analysis.aggregate import METRICS
 
 SUMMARY = Path("summary") / "summary.parquet"
 
@@ -185,7 +185,7 @@ def comparison_pairs(
 ) -> pd.DataFrame:
     """Each pair of comparable, complete runs: the `libero-eval compare` command, and with
     `compute` its paired test (overall difference, its interval and McNemar's p)."""
-    from libero_eval.compare import compare_runs, load_episodes
+    from libero_eval.analysis.compare import compare_runs, load_episodes
 
     rows = []
     groups: dict[str, list[RunEntry]] = {}

@@ -28,9 +28,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import psutil
 
-from libero_eval.efficiency_inputs import ServiceTimeline
+from libero_eval.analysis.display import markdown_table, number
+from libero_eval.analysis.efficiency_inputs import ServiceTimeline
 from libero_eval.eventlog import last_invocation_start, log_event, log_launch
 from libero_eval.serve.startup import describe_parts
 
@@ -172,11 +174,16 @@ def choices(logs: Sequence[Mapping[str, Any]], column: str, key: str) -> str:
     return "; ".join(seen)
 
 
+def report_window(row: Mapping[str, Any], now: float) -> dict[str, float]:
+    """The run's launch to the report (``now``), its bound and their ratio (NaN where the
+    workflow's launch is unknown)."""
+    launched = row.get("timeline_origin") == "workflow launch"
+    wall = now - float(row["launch_at"]) if launched else math.nan
+    bound = float(row.get("bound_s", math.nan))
+    return {"report_s": wall, "bound_s": bound, "ratio": wall / bound if bound > 0 else math.nan}
+
+
 # --------------------------------------------------------------------------- text
-
-
-def _s(value: float, form: str = ".1f") -> str:
-    return "n/a" if value is None or math.isnan(value) else format(value, form)
 
 
 def _envs_note(row: Mapping[str, Any]) -> str:
@@ -193,16 +200,16 @@ def _envs_note(row: Mapping[str, Any]) -> str:
 
 def timeline_line(row: Mapping[str, Any]) -> str:
     """The event log's line for a slot."""
-    gaps = ", ".join(f"{label} {_s(row[column])} s" for column, _, _, label in GAPS)
+    gaps = ", ".join(f"{label} {number(row[column])} s" for column, _, _, label in GAPS)
     line = f"slot {row['slot']} timeline: {gaps}"
     envs = _envs_note(row)
     line += f"; {envs}" if envs else ""
     if not math.isnan(row["wall_s"]):
         line += (
             f"; launch → aggregate {row['wall_s']:.1f} s against a bound of "
-            f"{_s(row['bound_s'])} s ({_s(row['start_to_ready_s'])} s to ready + "
-            f"{row['observations']} observations at {_s(row['capacity_obs_per_s'], '.2f')} "
-            f"obs/s): {_s(row['wall_over_bound'], '.2f')}x"
+            f"{number(row['bound_s'])} s ({number(row['start_to_ready_s'])} s to ready + "
+            f"{row['observations']} observations at {number(row['capacity_obs_per_s'], '.2f')} "
+            f"obs/s): {number(row['wall_over_bound'], '.2f')}x"
         )
     return line
 
@@ -212,25 +219,30 @@ def timeline_markdown(row: Mapping[str, Any]) -> str:
     against the windows they bound."""
     if not row["timeline_origin"]:
         return "\nWhere the wall time went: unknown (no launch or server timeline).\n"
-    rate = _s(row["capacity_obs_per_s"], ".2f")
+    rate = number(row["capacity_obs_per_s"], ".2f")
     bound_parts = {
-        "start_to_ready_s": f"{_s(row['start_to_ready_s'])} (the server's own start)",
-        "serving_s": f"{_s(row['bound_serving_s'])} ({row['observations']} observations at "
+        "start_to_ready_s": f"{number(row['start_to_ready_s'])} (the server's own start)",
+        "serving_s": f"{number(row['bound_serving_s'])} ({row['observations']} observations at "
         f"{rate} obs/s, the probe's closed loop)",
     }
+    windows = [
+        [label, number(row[column]), number(row[end]), bound_parts.get(column, "")]
+        for column, _, end, label in GAPS
+    ]
+    if row["timeline_origin"] == "workflow launch":
+        windows.append(
+            [
+                "**launch → aggregate**",
+                f"**{number(row['wall_s'])}**",
+                "",
+                f"**{number(row['bound_s'])}** (ratio **{number(row['wall_over_bound'], '.2f')}**)",
+            ]
+        )
+    columns = ["window", "seconds", "at (s after launch)", "bound (s)"]
     lines = [
         f"\n#### Where the wall time went (from the {row['timeline_origin']})\n\n",
-        "| window | seconds | at (s after launch) | bound (s) |\n|---|---|---|---|\n",
+        markdown_table(pd.DataFrame(windows, columns=columns)),
     ]
-    for column, _, end, label in GAPS:
-        lines.append(
-            f"| {label} | {_s(row[column])} | {_s(row[end])} | {bound_parts.get(column, '')} |\n"
-        )
-    if row["timeline_origin"] == "workflow launch":
-        lines.append(
-            f"| **launch → aggregate** | **{_s(row['wall_s'])}** | | **{_s(row['bound_s'])}**"
-            f" (ratio **{_s(row['wall_over_bound'], '.2f')}**) |\n"
-        )
     notes = [n for n in (_envs_note(row), _parts_note(row["startup_parts"])) if n]
     notes += [
         f"{label}: {row[column]}"

@@ -14,7 +14,16 @@ import pandas as pd
 from scipy.stats import norm
 
 from libero_eval import settings_schema
-from libero_eval.published import published_checks, published_markdown
+from libero_eval.analysis.display import (
+    confidence_level,
+    markdown_table,
+    mean_sd,
+    number,
+    percent,
+    rate_cells,
+    rate_ci,
+)
+from libero_eval.analysis.published import published_checks, published_markdown
 from libero_eval.rollout.protocols import get_protocol
 
 # the config's defaults (the schema's), for callers that give no value
@@ -92,12 +101,6 @@ def success_tables(
     return table
 
 
-def _pct(value: float, low: float, high: float, decimals: int) -> str:
-    if math.isnan(value):
-        return "n/a"
-    return f"{100 * value:.{decimals}f}% [{100 * low:.{decimals}f}, {100 * high:.{decimals}f}]"
-
-
 def steps_note(protocols: Iterable[str], max_steps: int | None = None) -> str:
     """How the `steps` of the run's episodes count, per episode protocol
     (`libero_eval.rollout.protocols`; `max_steps`: rollout.max_steps, the override of every
@@ -155,24 +158,30 @@ def markdown_summary(
 ) -> str:
     """A Markdown report: suites and overall first, with how steps count (`steps_note`), then
     the seeds (`seeds_markdown`, several seeds only), measured against published (when
-    `published`, from `libero_eval.published.published_checks`, has rows), then every task."""
-    level = f"{round(confidence * 100)}%"
-    header = (
-        f"| suite | task | success_once ({level} CI) | success_at_end ({level} CI) "
-        "| num_trajectories | errors | mean steps |\n|---|---|---|---|---|---|---|\n"
-    )
+    `published`, from `libero_eval.analysis.published.published_checks`, has rows), then
+    every task."""
+    level = confidence_level(confidence)
 
-    def line(row, task: str) -> str:
-        return (
-            f"| {row['suite']} | {task} "
-            f"| {_pct(row['success_once'], row['success_once_ci_low'], row['success_once_ci_high'], decimals)} "  # noqa: E501
-            f"| {_pct(row['success_at_end'], row['success_at_end_ci_low'], row['success_at_end_ci_high'], decimals)} "  # noqa: E501
-            f"| {row['num_trajectories']} | {row['num_errors']} | {row['mean_steps']:.0f} |\n"
+    def rows(part: pd.DataFrame, tasks: list[str]) -> str:
+        return markdown_table(
+            pd.DataFrame(
+                {
+                    "suite": part["suite"].to_numpy(),
+                    "task": tasks,
+                    **{f"{m} ({level} CI)": rate_cells(part, m, decimals) for m in METRICS},
+                    "num_trajectories": part["num_trajectories"].to_numpy(),
+                    "errors": part["num_errors"].to_numpy(),
+                    "mean steps": [number(v, ".0f") for v in part["mean_steps"]],
+                }
+            )
         )
 
-    parts = [f"# LIBERO evaluation `{run_id}`\n\n## Suites\n\n", header]
-    for _, row in table[table["level"].isin(["suite", "overall"])].iterrows():
-        parts.append(line(row, "all" if row["level"] == "overall" else "(suite)"))
+    suites = table[table["level"].isin(["suite", "overall"])]
+    tasks = table[table["level"] == "task"]
+    parts = [
+        f"# LIBERO evaluation `{run_id}`\n\n## Suites\n\n",
+        rows(suites, ["all" if v == "overall" else "(suite)" for v in suites["level"]]),
+    ]
     if steps_section:
         parts.append("\n" + steps_section)
     if seeds_section:
@@ -180,9 +189,10 @@ def markdown_summary(
     if published is not None and len(published):
         parts.append("\n" + published_markdown(published, confidence, decimals, alpha))
     parts.append("\n## Tasks\n\n")
-    parts.append(header)
-    for _, row in table[table["level"] == "task"].iterrows():
-        parts.append(line(row, f"{row['task_id']}: {row['task_language']}"))
+    labels = [
+        f"{t}: {lang}" for t, lang in zip(tasks["task_id"], tasks["task_language"], strict=True)
+    ]
+    parts.append(rows(tasks, labels))
     return "".join(parts)
 
 
@@ -244,11 +254,32 @@ def with_seed_spread(table: pd.DataFrame, per_seed: pd.DataFrame) -> pd.DataFram
     return merged
 
 
-def _mean_sd(mean: float, sd: float, decimals: int) -> str:
-    if math.isnan(mean):
-        return "n/a"
-    sd_text = "n/a" if math.isnan(sd) else f"{100 * sd:.{decimals}f}"
-    return f"{100 * mean:.{decimals}f} ± {sd_text}"
+def seeds_cells(
+    table: pd.DataFrame, per_seed: pd.DataFrame, decimals: int = REPORT["decimals"]
+) -> pd.DataFrame | None:
+    """The seeds' table as text, the same for summary.md and the report: per suite and
+    overall and metric, the pooled rate with its Wilson interval, the mean ± standard
+    deviation over seeds and each seed's rate (None for a single-seed run)."""
+    seeds = sorted(per_seed["seed"].unique()) if len(per_seed) else []
+    if len(seeds) < 2:
+        return None
+    rows = []
+    for _, row in table[table["level"] != "task"].iterrows():
+        mine = per_seed[(per_seed["level"] == row["level"]) & (per_seed["suite"] == row["suite"])]
+        for metric in METRICS:
+            by_seed = dict(zip(mine["seed"], mine[metric], strict=True))
+            low, high = row[f"{metric}_ci_low"], row[f"{metric}_ci_high"]
+            rows.append(
+                [
+                    row["suite"],
+                    metric,
+                    rate_ci(row[metric], low, high, decimals),
+                    mean_sd(row[f"{metric}_seed_mean"], row[f"{metric}_seed_std"], decimals),
+                    *(percent(by_seed.get(s, math.nan), decimals) for s in seeds),
+                ]
+            )
+    columns = ["suite", "metric", "pooled", "mean ± sd over seeds", *(f"seed {s}" for s in seeds)]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def seeds_markdown(
@@ -257,36 +288,17 @@ def seeds_markdown(
     confidence: float = REPORT["confidence_level"],
     decimals: int = REPORT["decimals"],
 ) -> str:
-    """The "Seeds" section of summary.md: per suite and overall, the pooled rate with its
-    Wilson interval, the mean ± standard deviation over seeds and each seed's rate ("" for a
-    single-seed run)."""
-    seeds = sorted(per_seed["seed"].unique()) if len(per_seed) else []
-    if len(seeds) < 2:
+    """The "Seeds" section of summary.md (`seeds_cells`, "" for a single-seed run)."""
+    cells = seeds_cells(table, per_seed, decimals)
+    if cells is None:
         return ""
-    level = f"{round(confidence * 100)}%"
-    lines = [
+    seeds = sorted(per_seed["seed"].unique())
+    return (
         f"## Seeds\n\n{len(seeds)} seeds ({', '.join(map(str, seeds))}), every episode once per "
-        f"seed. Pooled: all episodes of all seeds, {level} Wilson CI. Mean ± sd: over the "
-        "seeds' own rates (sample standard deviation), in percent.\n\n",
-        "| suite | metric | pooled | mean ± sd over seeds | "
-        + " | ".join(f"seed {s}" for s in seeds)
-        + " |\n",
-        "|---|---|---|---|" + "---|" * len(seeds) + "\n",
-    ]
-    rows = table[table["level"] != "task"]
-    for _, row in rows.iterrows():
-        mine = per_seed[(per_seed["level"] == row["level"]) & (per_seed["suite"] == row["suite"])]
-        for metric in METRICS:
-            by_seed = dict(zip(mine["seed"], mine[metric], strict=True))
-            pooled = _pct(row[metric], row[f"{metric}_ci_low"], row[f"{metric}_ci_high"], decimals)
-            cells = [
-                "n/a" if s not in by_seed else f"{100 * by_seed[s]:.{decimals}f}%" for s in seeds
-            ]
-            spread = _mean_sd(row[f"{metric}_seed_mean"], row[f"{metric}_seed_std"], decimals)
-            lines.append(
-                f"| {row['suite']} | {metric} | {pooled} | {spread} | {' | '.join(cells)} |\n"
-            )
-    return "".join(lines)
+        f"seed. Pooled: all episodes of all seeds, {confidence_level(confidence)} Wilson CI. "
+        "Mean ± sd: over the seeds' own rates (sample standard deviation), in percent.\n\n"
+        + markdown_table(cells)
+    )
 
 
 def _published_columns(checks: pd.DataFrame) -> pd.DataFrame:
@@ -314,9 +326,9 @@ def write_summary(
 ) -> pd.DataFrame:
     """Read shard tables, check them against the plan, write every summary output. With
     `published` (report.published) the Markdown and per_suite.csv also hold the check of
-    each published figure (`libero_eval.published`). `recorded_settings` (the run's
+    each published figure (`libero_eval.analysis.published`). `recorded_settings` (the run's
     episode-defining settings, `RunSettings.recorded_settings`) go to `outputs["settings"]`
-    as JSON, for `libero_eval.compare`."""
+    as JSON, for `libero_eval.analysis.compare`."""
     import json
 
     from libero_eval.eventlog import log_event
