@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from libero_eval import settings_schema
 from libero_eval.eventlog import last_invocation_start
 from libero_eval.plan import Episode, episodes_from_table
 from libero_eval.store import EpisodeStore
@@ -215,12 +216,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("baseline", help="run id or results/<run_id> of the baseline")
     compare.add_argument("candidate", help="run id or results/<run_id> of the candidate")
+    # the defaults and choices are the config's (compare.*, report.confidence_level), which
+    # the workflow's compare rule reads: one command line or the other gives the same result
     compare.add_argument(
-        "--metric", choices=["success_once", "success_at_end"], default="success_once"
+        "--metric",
+        choices=settings_schema.choices("compare")["metric"],
+        default=settings_schema.default("compare", "metric"),
+        help="per-episode outcome compared (default %(default)s, compare.metric)",
     )
-    compare.add_argument("--confidence", type=float, default=0.95)
-    compare.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
-    compare.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    compare.add_argument(
+        "--confidence",
+        type=float,
+        default=settings_schema.default("report", "confidence_level"),
+        help="confidence level (default %(default)s, report.confidence_level)",
+    )
+    compare.add_argument(
+        "--resamples",
+        type=int,
+        default=settings_schema.default("compare", "bootstrap_resamples"),
+        help="bootstrap resamples (default %(default)s, compare.bootstrap_resamples)",
+    )
+    compare.add_argument(
+        "--seed",
+        type=int,
+        default=settings_schema.default("compare", "seed"),
+        help="bootstrap seed (default %(default)s, compare.seed)",
+    )
     compare.add_argument("--results-dir", default="results", help="where run ids are looked up")
     compare.add_argument(
         "--output-dir", help="also write comparison.md/html, CSVs and difference.png here"
