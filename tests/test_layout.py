@@ -35,7 +35,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The two sides of a run: the rollout side (`rollout`) and the server side (`serve`,
     # `reference`); neither imports the other (test below), both get settings built above.
     ("jobs", ("rollout", "serve", "reference")),
-    ("config", ("config_layout", "config")),
+    ("config", ("config_layout", "config_rules", "config")),
     (
         "results",
         (

@@ -24,6 +24,7 @@ from libero_eval.config_layout import (  # re-exported: the config as written, c
     check_family_fields,
     validate_config,
 )
+from libero_eval.config_rules import RUN_RULES, gpus_per_slot, sends_privileged_state
 from libero_eval.failures import FailurePolicy
 from libero_eval.faults import active_faults
 from libero_eval.plan import Episode, Shard, check_seeds, make_shards, plan_episodes, read_shard
@@ -31,7 +32,6 @@ from libero_eval.policy import families
 from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.policy.connection import policy_connection_spec
 from libero_eval.policy.families import Family, PolicyAdapter, make_adapter
-from libero_eval.published import check_published_config
 from libero_eval.rollout.auto import RENDER_GPU_SHARE
 from libero_eval.rollout.env_worker import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
@@ -65,70 +65,18 @@ def run_family(config: dict[str, Any]) -> Family:
 
 
 def check_config(config: dict[str, Any]) -> RunSettings:
-    """Cross-field and filesystem checks (after JSON-schema validation with defaults); returns
-    the run's settings, whose adapter has loaded the statistics file while checking it."""
+    """The checks a schema cannot make, on a config the schema checked and filled (the
+    workflow's :func:`validate_config`): each of :data:`RUN_RULES` in turn, the first broken
+    one a `ConfigError` naming the fields and the fix. Returns the run's settings, whose
+    adapter has loaded the statistics file while checking it."""
     settings = RunSettings(config)
-    rollout, server = config["rollout"], config["server"]
-    family = run_family(config)
-    if server["backend"] not in family.backends:
-        served = [
-            name for name in families.names() if server["backend"] in families.get(name).backends
-        ]
-        raise ConfigError(
-            f"server.backend {server['backend']} does not serve policy.family {family.name} "
-            f"({family.title}), which is served by {', '.join(family.backends)}: set "
-            f"server.backend to one of them"
-            + (f", or policy.family to {' or '.join(served)}" if served else "")
-        )
-    try:
-        planned_episodes(config)
-        check_published_config(config["report"], suite_catalog.registered_suites())
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    protocol = settings.protocol
-    reproducible = protocol.replays_reference_stream or protocol.seed_per_trial
-    if rollout["reset_seeding"] == "reference" and not reproducible:
-        raise ConfigError(
-            f"rollout.reset_seeding: reference cannot reproduce protocol {protocol.name}: its "
-            "reference seeds each reset from the env's rank and slot, not from the episode "
-            "(docs/protocols.md); use reset_seeding: episode"
-        )
-    try:  # the family's own whole-config check, then its adapter (statistics loaded)
-        family.adapter.check_run_config(config)
-        settings.adapter  # noqa: B018
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    for slot in range(server["num_slots"]):  # each slot's serve-job settings, checked here
+    for rule in RUN_RULES:
         try:
-            settings.server(slot)
-        except ValueError as exc:  # ServerSettingsError names the server.<field>
+            rule(config, settings)
+        except ConfigError:
+            raise
+        except ValueError as exc:  # a part's own error (ServerSettingsError, ...) names the field
             raise ConfigError(str(exc)) from exc
-    num_shards = server["num_slots"] * rollout["shards_per_slot"]
-    total_envs = rollout["total_num_envs"]
-    if isinstance(total_envs, int) and total_envs % num_shards:
-        raise ConfigError(
-            f"rollout.total_num_envs ({total_envs}) must split evenly over the "
-            f"{num_shards} shards (server.num_slots x rollout.shards_per_slot)"
-        )
-    gpu_ids = server["gpu_ids"]
-    needed = server["num_slots"] * _gpus_per_slot(config)
-    if gpu_ids is not None and len(gpu_ids) < needed:
-        raise ConfigError(
-            f"server.gpu_ids lists {len(gpu_ids)} devices but {server['num_slots']} slots x "
-            f"{_gpus_per_slot(config)} GPUs each need {needed}: list them all, or use null"
-        )
-    if server["backend"] != "reference" and sends_privileged_state(config):
-        raise ConfigError(
-            "rollout.send_privileged_state is only for the reference server's scripted "
-            f"expert; set it to false (or null) with server.backend {server['backend']}"
-        )
-    if _scripted_expert(config) and not sends_privileged_state(config):
-        raise ConfigError(
-            "server.reference.policy scripted plans from privileged state: set "
-            "rollout.send_privileged_state: true (or use policy hold)"
-        )
     return settings
 
 
@@ -257,18 +205,6 @@ def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
     )
 
 
-def _scripted_expert(config: dict[str, Any]) -> bool:
-    server = config["server"]
-    return server["backend"] == "reference" and server["reference"]["policy"] == "scripted"
-
-
-def sends_privileged_state(config: dict[str, Any]) -> bool:
-    """`rollout.send_privileged_state`; null (the default) sends it exactly to the reference
-    server's scripted expert, which plans from it, so the schema's defaults run as they are."""
-    value = config["rollout"]["send_privileged_state"]
-    return _scripted_expert(config) if value is None else bool(value)
-
-
 def server_on_gpu(config: dict[str, Any]) -> bool:
     """Whether a slot's server runs on a GPU: :data:`GPU_BACKENDS`, or a family's own server
     that says so (``FamilyServer.gpu``)."""
@@ -279,16 +215,11 @@ def server_on_gpu(config: dict[str, Any]) -> bool:
     return backend in GPU_BACKENDS
 
 
-def _gpus_per_slot(config: dict[str, Any]) -> int:
-    server = config["server"]
-    return server["sglang"]["num_gpus"] if server["backend"] == "sglang" else 1
-
-
 def slot_gpu_ids(config: dict[str, Any], slot: int) -> int | list[int] | None:
     """The GPU(s) slot `slot`'s server is pinned to: from server.gpu_ids, or locally k*n ..
     k*n+n-1 for a GPU backend; None where Slurm (or nothing) assigns them."""
     server = config["server"]
-    per_slot = _gpus_per_slot(config)
+    per_slot = gpus_per_slot(config)
     devices = None
     if server["gpu_ids"] is not None:
         devices = server["gpu_ids"][slot * per_slot : (slot + 1) * per_slot]
