@@ -596,11 +596,21 @@ CLI_FIELDS = {
 }
 
 
-def test_the_cli_flags_take_the_schemas_defaults_and_choices():
+def test_the_cli_flags_take_the_schemas_defaults_choices_and_checks(capsys):
     from libero_eval.cli import build_parser
 
     parser = build_parser()
     args = vars(parser.parse_args(["compare", "baseline", "candidate"]))
+    given = vars(parser.parse_args(["compare", "a", "b", "--confidence", "0.9", "--seed", "3"]))
+    assert (given["confidence"], given["seed"]) == (0.9, 3)
+    for flag, value, message in (
+        ("--confidence", "1.5", "report.confidence_level: 1.5 is greater than or equal to"),
+        ("--resamples", "10", "compare.bootstrap_resamples: 10 is less than the minimum of 100"),
+        ("--seed", "x", "compare.seed: 'x' is not of type 'integer'"),
+    ):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["compare", "a", "b", flag, value])
+        assert message in capsys.readouterr().err
     for dest, dotted in CLI_FIELDS.items():
         *path, name = dotted.split(".")
         assert _same(args[dest], settings_schema.default(*path, name)), (dest, args[dest])
