@@ -712,6 +712,21 @@ def test_a_settings_dataclass_is_a_projection_of_its_schema_section(projection):
         and (f.default is not MISSING or f.default_factory is not MISSING)
     ]
     assert with_default == [], f"{cls.__name__}: config fields with a Python default"
+    # the schema checks the values (settings_schema.load); no check of them in Python again
+    assert "__post_init__" not in vars(cls), f"{cls.__name__}: checks its values again"
+
+
+def test_no_module_checks_a_config_values_type_or_bounds_by_hand():
+    """The schema is the one validator (`settings_schema.load`): the hand-written readers
+    issue 42 removed (`serve/settings.py`'s `_get_int`, `_get_float`, ...) stay gone."""
+    readers = {"_get_int", "_get_float", "_get_str", "_get_str_list", "_check_keys", "_require"}
+    found = {
+        f"{module}:{node.name}"
+        for module, source in sources().items()
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef) and node.name in readers
+    }
+    assert found == set(), found
 
 
 def test_the_reference_servers_defaults_are_the_schemas():

@@ -270,6 +270,21 @@ def load(
     return _build(cls, checked, where, error)
 
 
+def checked(
+    data: Any, *path: str, where: str | None = None, error: type[ValueError] = ValueError
+) -> dict[str, Any]:
+    """The config object at ``path`` as a mapping: a copy of ``data`` checked against the
+    section's subschema, with its defaults filled in (what code that takes a section as a
+    mapping, e.g. a family's adapter built without a validated config, reads); ``error``
+    names every bad field as ``where.field`` (``where``: the dotted ``path`` by default)."""
+    where = ".".join(path) if where is None else where
+    value = copy.deepcopy(dict(data)) if isinstance(data, Mapping) else data
+    problems = messages(value, section(*path), where)
+    if problems:
+        raise error("; ".join(problems))
+    return value
+
+
 def build(cls: type[T], *path: str, **values: Any) -> T:
     """``cls`` with ``values`` and each other field of the section at ``path`` at its default:
     ``build(EnvSettings, "rollout", reset_mode="hard")`` is what a config that sets only
