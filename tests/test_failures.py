@@ -142,6 +142,12 @@ def test_bad_knobs_are_named_with_the_field(field, value, message):
         FailurePolicy.defaults(**{field: value})
 
 
+def test_changed_settings_are_checked_as_a_config_section_is():
+    assert FailurePolicy.defaults().changed(request_retries=1).request_retries == 1
+    with pytest.raises(ValueError, match=r"rollout\.failures\.request_retries: -1 is less"):
+        FailurePolicy.defaults().changed(request_retries=-1)
+
+
 def test_every_connection_error_carries_its_kind():
     assert TransientFailure("x").kind is FailureKind.TRANSIENT
     assert PolicyServerUnavailable("x", attempts=3).kind is FailureKind.TRANSIENT

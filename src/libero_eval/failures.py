@@ -34,7 +34,7 @@ one place of their names and defaults), outcome-neutral: no field is in the fing
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any, ClassVar, Self
 
@@ -90,6 +90,10 @@ class FailurePolicy:
         """The schema's defaults, with ``overrides`` (a connection built outside a run),
         checked as a config's section is."""
         return cls.from_config(overrides)
+
+    def changed(self, **changes: Any) -> Self:
+        """These settings with ``changes``, checked as a config's section is."""
+        return self.from_config({**asdict(self), **changes})
 
     def decide(self, kind: FailureKind, attempt: int = 1) -> Action:
         """What to do about the ``attempt``-th failure of ``kind`` (1-based; what it counts

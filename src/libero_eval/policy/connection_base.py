@@ -7,7 +7,6 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Self, TypeVar
 from urllib.parse import urlsplit
 
@@ -68,7 +67,7 @@ class ConnectionBase:
         if failures is None:
             failures = FailurePolicy.defaults(**changes)
         elif changes:
-            failures = replace(failures, **changes)
+            failures = failures.changed(**changes)
         self.failures = failures
         self.timeout_s = float(failures.request_timeout_s)
         self.timeout_setting = timeout_setting or "rollout.failures.request_timeout_s"
