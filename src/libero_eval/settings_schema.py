@@ -203,8 +203,10 @@ def _unexpected(field: str, name: str, known: Mapping[str, Any]) -> str:
     text = f"{_dotted(field, name)}: '{name}' was unexpected: {owner} has no such field"
     elsewhere = [path for path in _places(name) if path != _dotted(field, name)]
     close = difflib.get_close_matches(name, list(known), n=3)
+    if len(elsewhere) == 1:
+        return f"{text}; {elsewhere[0]} is a field of that name: move it there"
     if elsewhere:
-        return f"{text}; {' and '.join(elsewhere)} is a field of that name: move it there"
+        return f"{text}; fields of that name: {', '.join(elsewhere)} (move it to the one meant)"
     if close:
         return f"{text}; did you mean {' or '.join(_dotted(field, c) for c in close)}?"
     return f"{text}; its fields are {', '.join(known)}"
