@@ -149,8 +149,7 @@ def own_registry():
     families._REGISTRY.update(registry)
     settings_schema.schema().clear()
     settings_schema.schema().update(schema)
-    settings_schema._shared_validator.cache_clear()
-    settings_schema._validator.cache_clear()
+    settings_schema.clear_caches()
 
 
 def test_a_family_package_of_ones_own_is_registered_from_policy_family_modules(

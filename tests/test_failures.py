@@ -121,18 +121,32 @@ def test_the_knobs_and_their_defaults_are_the_schemas_and_outcome_neutral():
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("request_timeout_s", 0, "rollout.failures.request_timeout_s must be a number > 0"),
-        ("request_retries", -1, "rollout.failures.request_retries must be an int >= 0"),
-        ("episode_attempts", 0, "rollout.failures.episode_attempts must be an int >= 1"),
-        ("bad_answers_in_a_row", 1.5, "rollout.failures.bad_answers_in_a_row must be an int"),
-        ("retry_backoff_s", -1, "rollout.failures.retry_backoff_s must be a number >= 0"),
-        ("timeouts_in_a_row", 0, "rollout.failures.timeouts_in_a_row must be an int >= 1"),
-        ("waiting_log_every_s", 0, "rollout.failures.waiting_log_every_s must be a number > 0"),
+        ("request_timeout_s", 0, "request_timeout_s: 0 is less than or equal to the minimum of 0"),
+        ("request_retries", -1, "request_retries: -1 is less than the minimum of 0"),
+        ("request_retries", True, "request_retries: True is not of type 'integer'"),
+        ("episode_attempts", 0, "episode_attempts: 0 is less than the minimum of 1"),
+        ("bad_answers_in_a_row", 1.5, "bad_answers_in_a_row: 1.5 is not of type 'integer'"),
+        ("retry_backoff_s", -1, "retry_backoff_s: -1 is less than the minimum of 0"),
+        ("timeouts_in_a_row", 0, "timeouts_in_a_row: 0 is less than the minimum of 1"),
+        ("waiting_log_every_s", 0, "waiting_log_every_s: 0 is less than or equal to the minimum"),
+        (
+            "request_timeout",
+            5,
+            "request_timeout: 'request_timeout' was unexpected: .* did you "
+            "mean rollout.failures.request_timeout_s",
+        ),
     ],
 )
 def test_bad_knobs_are_named_with_the_field(field, value, message):
-    with pytest.raises(ValueError, match=message):
+    """The schema checks them (`settings_schema.load`), in its words, naming the field."""
+    with pytest.raises(ValueError, match="rollout.failures." + message):
         FailurePolicy.defaults(**{field: value})
+
+
+def test_changed_settings_are_checked_as_a_config_section_is():
+    assert FailurePolicy.defaults().changed(request_retries=1).request_retries == 1
+    with pytest.raises(ValueError, match=r"rollout\.failures\.request_retries: -1 is less"):
+        FailurePolicy.defaults().changed(request_retries=-1)
 
 
 def test_every_connection_error_carries_its_kind():

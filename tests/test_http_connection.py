@@ -386,7 +386,10 @@ def test_metadata_and_max_batch_size(server):
     [
         ({"base_url": "127.0.0.1:30000"}, "must look like http://HOST:PORT"),
         ({"base_url": "http://127.0.0.1:1", "timeout_s": 0}, "timeout_s"),
-        ({"base_url": "http://127.0.0.1:1", "max_retries": -1}, "request_retries must be an int"),
+        (
+            {"base_url": "http://127.0.0.1:1", "max_retries": -1},
+            r"rollout\.failures\.request_retries: -1 is less than the minimum of 0",
+        ),
         ({"base_url": "http://127.0.0.1:1", "wire_format": "grpc"}, "wire_format .grpc."),
     ],
 )

@@ -175,11 +175,12 @@ def test_settings_ignore_the_section_of_the_other_backend():
         ),
         (
             {"backend": "sglang", "slot": 0, "sglang": {"model_path": "/m"}, "gpu": 1},
-            r"server: unknown field\(s\) gpu",
+            r"server\.gpu: 'gpu' was unexpected: server has no such field; did you mean "
+            r"server\.gpu_id\?",
         ),
         (
             {"backend": "sglang", "slot": 0, "gpu_id": "0", "sglang": {"model_path": "/m"}},
-            r"server\.gpu_id: expected an integer",
+            r"server\.gpu_id: '0' is not of type 'integer', 'array', 'null'",
         ),
         (
             {
@@ -863,7 +864,7 @@ def test_launch_rejects_bad_settings_with_exit_code_2(tmp_path):
         timeout=60,
     )
     assert result.returncode == 2
-    assert "server.sglang.model_path: required but missing" in result.stderr
+    assert "server.sglang.model_path: required with server.backend sglang" in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -34,7 +34,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The two sides of a run: the rollout side (`rollout`) and the server side (`serve`,
     # `reference`); neither imports the other (test below), both get settings built above.
     ("jobs", ("rollout", "serve", "reference")),
-    ("config", ("config_layout", "config_server", "config")),
+    ("config", ("config_layout", "config_server", "config_rules", "config")),
     ("analysis", ("analysis",)),
     ("report", ("report",)),
     ("commands", ("cli", "schema_doc")),

@@ -79,7 +79,10 @@ def settings_dict(settings: ServerSettings) -> dict:
         # the schema's minItems, in jsonschema's words (older releases: "is too short")
         ({"command": []}, r"server\.openpi\.command: \[\] (should be non-empty|is too short)"),
         ({"command": ["serve", "--port", "8000"]}, "do not pass --port yourself"),
-        ({"command": ["serve"], "health_path": "healthz"}, "must start with '/'"),
+        (
+            {"command": ["serve"], "health_path": "healthz"},
+            r"server\.openpi\.health_path: 'healthz' does not match .*\(starting with /\)",
+        ),
     ],
 )
 def test_bad_openpi_settings_name_the_field(openpi, message):

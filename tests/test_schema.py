@@ -49,8 +49,8 @@ def patterned(node, path=()):
             yield from patterned(value, path)
 
 
-# a value each pattern takes (run ids, a WxH size, a Slurm GPU model, a suite name)
-EXAMPLES = ("demo", "320x192", "h100", "libero_spatial")
+# a value each pattern takes (run ids, a WxH size, a Slurm GPU model, a suite name, a URL path)
+EXAMPLES = ("demo", "320x192", "h100", "libero_spatial", "/healthz")
 
 
 def test_every_pattern_matches_the_whole_value_and_rejects_a_trailing_newline():

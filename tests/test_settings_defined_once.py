@@ -3,11 +3,14 @@
 fields, and everything else derives from those, so no field list or default is written twice.
 
 Every section of the schema is covered: no module writes a config field's default again (as a
-dataclass field's or a function parameter's default, in a ``.get(key, default)`` call or a dict
-literal), and the job-side settings dataclasses are projections of the schema (their config
-fields have no default of their own). A default that must stay is listed in
-:data:`JUSTIFIED`, with its reason; an entry that no longer matches anything fails."""
+dataclass field's or a function parameter's default, in a ``.get(key, default)`` call, a dict
+literal or a command-line flag's default) nor a field's choices (a flag's), the command line's
+flags that stand for config fields take the schema's defaults, and the job-side settings
+dataclasses are projections of the schema (their config fields have no default of their own).
+A default that must stay is listed in :data:`JUSTIFIED`, with its reason; an entry that no
+longer matches anything fails."""
 
+import argparse
 import ast
 import copy
 from dataclasses import MISSING, fields
@@ -40,12 +43,13 @@ SECTIONS = schema_sections()
 MIN_FIELDS = 3  # a literal naming this many of a section's fields is a second list of them
 # Code names of config fields: a parameter named so stands for the field (and must not repeat
 # its default).
-ALIASES = {
+ALIASES: dict[str, str | tuple[str, ...]] = {
     "confidence": "report.confidence_level",
     "alpha": "report.published_alpha",
     "n_resamples": "compare.bootstrap_resamples",
+    "resamples": "compare.bootstrap_resamples",  # libero-eval compare --resamples
     "per_task": "report.videos_per_task",
-    "timeout_s": "rollout.failures.request_timeout_s",
+    "timeout_s": ("rollout.failures.request_timeout_s", "server.health_timeout_s"),
     "max_retries": "rollout.failures.request_retries",
 }
 
@@ -307,6 +311,7 @@ JUSTIFIED: dict[str, str] = {
         "SGLang's Pi05PipelineConfig default for a model without its own (the server's model)"
     ),
     "reference/server.py:serve_in_thread.host": _LOOPBACK,
+    "reference/server.py:build_parser.host": _LOOPBACK,
     "serve/command.py:pick_free_port.host": _LOOPBACK,
     "serve/command.py:pick_free_ports.host": _LOOPBACK,
 }
@@ -320,9 +325,10 @@ def field_defaults() -> dict[str, list[tuple[str, Any]]]:
         for name, spec in settings_schema.section(*path)["properties"].items():
             if "properties" not in spec and spec.get("default") is not None:
                 found.setdefault(name, []).append((".".join((*path, name)), spec["default"]))
-    for alias, dotted in ALIASES.items():
-        *path, name = dotted.split(".")
-        found.setdefault(alias, []).append((dotted, settings_schema.default(*path, name)))
+    for alias, fields_of_alias in ALIASES.items():
+        for dotted in (fields_of_alias,) if isinstance(fields_of_alias, str) else fields_of_alias:
+            *path, name = dotted.split(".")
+            found.setdefault(alias, []).append((dotted, settings_schema.default(*path, name)))
     return found
 
 
@@ -340,11 +346,25 @@ def _same(a: Any, b: Any) -> bool:
 _EMPTY_FACTORIES = {"list": [], "dict": {}, "tuple": (), "set": set()}
 
 
+def flag_dest(call: ast.Call) -> str | None:
+    """The attribute an ``add_argument(...)`` call sets (its ``dest``, else its first long
+    option's name with dashes as underscores, else its positional name)."""
+    keywords = {k.arg: _constant(k.value) for k in call.keywords}
+    if isinstance(keywords.get("dest"), str):
+        return keywords["dest"]
+    names = [_constant(arg) for arg in call.args]
+    names = [name for name in names if isinstance(name, str)]
+    long = [name for name in names if name.startswith("--")]
+    chosen = long[0] if long else (names[0] if names else None)
+    return chosen.lstrip("-").replace("-", "_") if chosen else None
+
+
 def default_writes(source: str) -> list[tuple[str, str, Any]]:
     """Every default ``source`` writes, as (where, name, value): a dataclass field's (also
     ``field(default=...)``, ``field(default_factory=...)`` and ``_setting(...)``), a function
     parameter's, a ``.get``/``.setdefault``/``.pop(key, default)`` or ``getattr(x, key,
-    default)`` call's and a dict literal's ``{key: value}``. ``where`` is
+    default)`` call's, a dict literal's ``{key: value}`` and a command-line flag's
+    (``add_argument("--name", default=...)``, named by its dest). ``where`` is
     ``<scope>.<name>``; a module-level constant's name stands for its value; values that are
     not constants are left out."""
     tree = ast.parse(source)
@@ -401,6 +421,10 @@ def default_writes(source: str) -> list[tuple[str, str, Any]]:
                     add(scope, _constant(child.args[0]), child.args[1])
                 elif getattr(child.func, "id", None) == "getattr" and len(child.args) == 3:
                     add(scope, _constant(child.args[1]), child.args[2])
+                elif method == "add_argument":
+                    for keyword in child.keywords:
+                        if keyword.arg == "default":
+                            add(scope, flag_dest(child), keyword.value)
             elif isinstance(child, ast.Dict):
                 for key, value in zip(child.keys, child.values, strict=True):
                     if key is not None:
@@ -461,6 +485,8 @@ def test_the_default_scan_catches_every_way_of_writing_a_default():
         ),
         "f.num_slots": "def f():\n    return {'num_slots': 1}\n",
         "f.enabled": "def f(videos):\n    return videos.setdefault('enabled', False)\n",
+        "p.confidence": "def p(parser):\n    parser.add_argument('--confidence', default=0.95)\n",
+        "wait.timeout_s": "def wait(path, timeout_s=900.0):\n    pass\n",
     }
     for where, source in snippets.items():
         assert where in defaults_written_again(source), (where, source)
@@ -471,6 +497,136 @@ def test_the_default_scan_catches_every_way_of_writing_a_default():
         "    return {'decimals': decimals, 'camera_size': camera_size, 'port': None}\n"
     )
     assert defaults_written_again(quiet) == {}
+
+
+# --- command-line flags that stand for config fields -------------------------------------------
+
+
+def schema_enums() -> dict[str, list[Any]]:
+    """Every field of the schema restricted to an ``enum``: dotted field -> its values."""
+    return {
+        ".".join((*path, name)): list(spec["enum"])
+        for path in SECTIONS
+        for name, spec in settings_schema.section(*path)["properties"].items()
+        if "enum" in spec
+    }
+
+
+def choices_written_again(source: str) -> dict[str, str]:
+    """``add_argument(..., choices=[...])`` literals that list a config field's allowed values
+    (its schema ``enum``, in any order): ``{where: "dotted.field"}``."""
+    enums = schema_enums()
+    hits: dict[str, str] = {}
+
+    def visit(node: ast.AST, scope: tuple[str, ...]) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = scope
+            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+                inner = (*scope, child.name)
+            elif (
+                isinstance(child, ast.Call) and getattr(child.func, "attr", None) == "add_argument"
+            ):
+                for keyword in child.keywords:
+                    value = _constant(keyword.value) if keyword.arg == "choices" else None
+                    if isinstance(value, list | tuple):
+                        same = [
+                            dotted
+                            for dotted, allowed in enums.items()
+                            if sorted(map(str, value)) == sorted(map(str, allowed))
+                        ]
+                        if same:
+                            hits[".".join((*scope, str(flag_dest(child))))] = " or ".join(same)
+            visit(child, inner)
+
+    visit(ast.parse(source), ())
+    return hits
+
+
+def test_no_flag_lists_a_config_fields_choices_again():
+    """A flag that stands for a config field takes its choices from the schema
+    (``settings_schema.choices``), as its default (``settings_schema.default``; the scan of
+    defaults above covers flags' defaults too)."""
+    found = {
+        f"{module}:{where}": field
+        for module, source in sources().items()
+        for where, field in choices_written_again(source).items()
+    }
+    assert found == {}, f"a config field's choices written again in a flag: {found}"
+
+
+def test_the_flag_scans_catch_the_cli_they_replaced():
+    """libero-eval compare's flags as they were before issue 42: every copy is found."""
+    before = (
+        "def build_parser(compare):\n"
+        "    compare.add_argument(\n"
+        "        '--metric', choices=['success_once', 'success_at_end'], default='success_once'\n"
+        "    )\n"
+        "    compare.add_argument('--confidence', type=float, default=0.95)\n"
+        "    compare.add_argument('--resamples', type=int, default=10_000)\n"
+        "    compare.add_argument('--seed', type=int, default=0, help='bootstrap seed')\n"
+        "    compare.add_argument('-n', '--n-samples', dest='n_resamples', default=10000)\n"
+    )
+    assert set(defaults_written_again(before)) == {
+        "build_parser.metric",
+        "build_parser.confidence",
+        "build_parser.resamples",
+        "build_parser.seed",
+        "build_parser.n_resamples",
+    }
+    assert choices_written_again(before) == {
+        "build_parser.metric": "report.published_metric or compare.metric"
+    }
+    # a flag read from the schema is no copy
+    after = (
+        "def build_parser(compare):\n"
+        "    compare.add_argument('--metric', choices=settings_schema.choices('compare')"
+        "['metric'], default=settings_schema.default('compare', 'metric'))\n"
+    )
+    assert defaults_written_again(after) == {} and choices_written_again(after) == {}
+
+
+# libero-eval compare's flags that stand for config fields (the workflow's compare rule reads
+# the same fields: one command line or the other gives the same comparison)
+CLI_FIELDS = {
+    "metric": "compare.metric",
+    "confidence": "report.confidence_level",
+    "resamples": "compare.bootstrap_resamples",
+    "seed": "compare.seed",
+    "allow_different_settings": "compare.allow_different_settings",
+}
+
+
+def test_the_cli_flags_take_the_schemas_defaults_choices_and_checks(capsys):
+    from libero_eval.cli import build_parser
+
+    parser = build_parser()
+    args = vars(parser.parse_args(["compare", "baseline", "candidate"]))
+    given = vars(parser.parse_args(["compare", "a", "b", "--confidence", "0.9", "--seed", "3"]))
+    assert (given["confidence"], given["seed"]) == (0.9, 3)
+    for flag, value, message in (
+        ("--confidence", "1.5", "report.confidence_level: 1.5 is greater than or equal to"),
+        ("--resamples", "10", "compare.bootstrap_resamples: 10 is less than the minimum of 100"),
+        ("--seed", "x", "compare.seed: 'x' is not of type 'integer'"),
+    ):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["compare", "a", "b", flag, value])
+        assert message in capsys.readouterr().err
+    for dest, dotted in CLI_FIELDS.items():
+        *path, name = dotted.split(".")
+        assert _same(args[dest], settings_schema.default(*path, name)), (dest, args[dest])
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    metric = next(a for a in commands.choices["compare"]._actions if a.dest == "metric")
+    assert list(metric.choices) == list(settings_schema.choices("compare")["metric"])
+    # every flag of every command named like a config field (or an alias) has its default
+    known = field_defaults()
+    for command, sub in commands.choices.items():
+        for action in sub._actions:
+            written = known.get(action.dest)
+            if written and action.default is not None:
+                assert any(_same(action.default, value) for _, value in written), (
+                    f"libero-eval {command} --{action.dest}: default {action.default!r}, the "
+                    f"schema's {written}"
+                )
 
 
 # --- the job-side settings dataclasses are projections of the schema --------------------------
@@ -556,6 +712,21 @@ def test_a_settings_dataclass_is_a_projection_of_its_schema_section(projection):
         and (f.default is not MISSING or f.default_factory is not MISSING)
     ]
     assert with_default == [], f"{cls.__name__}: config fields with a Python default"
+    # the schema checks the values (settings_schema.load); no check of them in Python again
+    assert "__post_init__" not in vars(cls), f"{cls.__name__}: checks its values again"
+
+
+def test_no_module_checks_a_config_values_type_or_bounds_by_hand():
+    """The schema is the one validator (`settings_schema.load`): the hand-written readers
+    issue 42 removed (`serve/settings.py`'s `_get_int`, `_get_float`, ...) stay gone."""
+    readers = {"_get_int", "_get_float", "_get_str", "_get_str_list", "_check_keys", "_require"}
+    found = {
+        f"{module}:{node.name}"
+        for module, source in sources().items()
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.FunctionDef) and node.name in readers
+    }
+    assert found == set(), found
 
 
 def test_the_reference_servers_defaults_are_the_schemas():

@@ -12,12 +12,15 @@ import datetime
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
+import yaml
 
+from libero_eval import settings_schema
 from libero_eval.eventlog import last_invocation_start
 from libero_eval.plan import Episode, episodes_from_table
 from libero_eval.store import EpisodeStore
@@ -195,6 +198,24 @@ def _leaderboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def config_value(*path: str) -> Callable[[str], Any]:
+    """An argparse ``type`` for a flag that stands for the config field at ``path``: the text
+    read as a config's YAML would give it, checked against the field's subschema (the error
+    names the field and what is wrong, in the schema's words)."""
+    *parent, name = path
+    spec = settings_schema.section(*parent)["properties"][name]
+
+    def parse(text: str) -> Any:
+        value = yaml.safe_load(text)
+        problems = settings_schema.messages(value, spec, ".".join(path), fill=False)
+        if problems:
+            raise argparse.ArgumentTypeError("; ".join(problems))
+        return value
+
+    parse.__name__ = name  # argparse names the type in its messages
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="libero-eval", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -211,12 +232,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compare.add_argument("baseline", help="run id or results/<run_id> of the baseline")
     compare.add_argument("candidate", help="run id or results/<run_id> of the candidate")
+    # these flags are config fields (compare.*, report.confidence_level), which the workflow's
+    # compare rule reads: their defaults, choices and checks are the schema's, so one command
+    # line or the other gives the same result
     compare.add_argument(
-        "--metric", choices=["success_once", "success_at_end"], default="success_once"
+        "--metric",
+        type=config_value("compare", "metric"),
+        choices=settings_schema.choices("compare")["metric"],
+        default=settings_schema.default("compare", "metric"),
+        help="per-episode outcome compared (default %(default)s, compare.metric)",
     )
-    compare.add_argument("--confidence", type=float, default=0.95)
-    compare.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples")
-    compare.add_argument("--seed", type=int, default=0, help="bootstrap seed")
+    compare.add_argument(
+        "--confidence",
+        type=config_value("report", "confidence_level"),
+        default=settings_schema.default("report", "confidence_level"),
+        help="confidence level (default %(default)s, report.confidence_level)",
+    )
+    compare.add_argument(
+        "--resamples",
+        type=config_value("compare", "bootstrap_resamples"),
+        default=settings_schema.default("compare", "bootstrap_resamples"),
+        help="bootstrap resamples (default %(default)s, compare.bootstrap_resamples)",
+    )
+    compare.add_argument(
+        "--seed",
+        type=config_value("compare", "seed"),
+        default=settings_schema.default("compare", "seed"),
+        help="bootstrap seed (default %(default)s, compare.seed)",
+    )
     compare.add_argument("--results-dir", default="results", help="where run ids are looked up")
     compare.add_argument(
         "--output-dir", help="also write comparison.md/html, CSVs and difference.png here"

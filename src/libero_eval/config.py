@@ -11,8 +11,6 @@ rollout fingerprint. `docs/design.md` walks two fields from the config to their 
 
 from __future__ import annotations
 
-import difflib
-from collections.abc import Mapping
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -25,8 +23,8 @@ from libero_eval.config_layout import (  # re-exported: the config as written, c
     check_family_fields,
     validate_config,
 )
+from libero_eval.config_rules import RUN_RULES, sends_privileged_state
 from libero_eval.config_server import (
-    gpus_per_slot,
     server_on_gpu,
     server_policy_settings,
     server_settings,
@@ -58,11 +56,6 @@ __all__ = [
 ]
 
 
-# The key of `report.published` that stands for the run's suites pooled (the schema's
-# description; `libero_eval.analysis.published` compares it with the overall row).
-PUBLISHED_OVERALL = "overall"
-
-
 def run_family(config: dict[str, Any]) -> Family:
     """The config's policy family (``policy.family``), its package registered."""
     try:
@@ -73,92 +66,19 @@ def run_family(config: dict[str, Any]) -> Family:
 
 
 def check_config(config: dict[str, Any]) -> RunSettings:
-    """Cross-field and filesystem checks (after JSON-schema validation with defaults); returns
-    the run's settings, whose adapter has loaded the statistics file while checking it."""
+    """The checks a schema cannot make, on a config the schema checked and filled (the
+    workflow's :func:`validate_config`): each of :data:`RUN_RULES` in turn, the first broken
+    one a `ConfigError` naming the fields and the fix. Returns the run's settings, whose
+    adapter has loaded the statistics file while checking it."""
     settings = RunSettings(config)
-    rollout, server = config["rollout"], config["server"]
-    family = run_family(config)
-    if server["backend"] not in family.backends:
-        served = [
-            name for name in families.names() if server["backend"] in families.get(name).backends
-        ]
-        raise ConfigError(
-            f"server.backend {server['backend']} does not serve policy.family {family.name} "
-            f"({family.title}), which is served by {', '.join(family.backends)}: set "
-            f"server.backend to one of them"
-            + (f", or policy.family to {' or '.join(served)}" if served else "")
-        )
-    try:
-        planned_episodes(config)
-        check_published_config(config["report"], suite_catalog.registered_suites())
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    protocol = settings.protocol
-    reproducible = protocol.replays_reference_stream or protocol.seed_per_trial
-    if rollout["reset_seeding"] == "reference" and not reproducible:
-        raise ConfigError(
-            f"rollout.reset_seeding: reference cannot reproduce protocol {protocol.name}: its "
-            "reference seeds each reset from the env's rank and slot, not from the episode "
-            "(docs/protocols.md); use reset_seeding: episode"
-        )
-    try:  # the family's own whole-config check, then its adapter (statistics loaded)
-        family.adapter.check_run_config(config)
-        settings.adapter  # noqa: B018
-    except ConfigError:
-        raise
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from exc
-    for slot in range(server["num_slots"]):  # each slot's serve-job settings, checked here
+    for rule in RUN_RULES:
         try:
-            settings.server(slot)
-        except ValueError as exc:  # ServerSettingsError names the server.<field>
+            rule(config, settings)
+        except ConfigError:
+            raise
+        except ValueError as exc:  # a part's own error (ServerSettingsError, ...) names the field
             raise ConfigError(str(exc)) from exc
-    num_shards = server["num_slots"] * rollout["shards_per_slot"]
-    total_envs = rollout["total_num_envs"]
-    if isinstance(total_envs, int) and total_envs % num_shards:
-        raise ConfigError(
-            f"rollout.total_num_envs ({total_envs}) must split evenly over the "
-            f"{num_shards} shards (server.num_slots x rollout.shards_per_slot)"
-        )
-    gpu_ids = server["gpu_ids"]
-    needed = server["num_slots"] * gpus_per_slot(config)
-    if gpu_ids is not None and len(gpu_ids) < needed:
-        raise ConfigError(
-            f"server.gpu_ids lists {len(gpu_ids)} devices but {server['num_slots']} slots x "
-            f"{gpus_per_slot(config)} GPUs each need {needed}: list them all, or use null"
-        )
-    if server["backend"] != "reference" and sends_privileged_state(config):
-        raise ConfigError(
-            "rollout.send_privileged_state is only for the reference server's scripted "
-            f"expert; set it to false (or null) with server.backend {server['backend']}"
-        )
-    if _scripted_expert(config) and not sends_privileged_state(config):
-        raise ConfigError(
-            "server.reference.policy scripted plans from privileged state: set "
-            "rollout.send_privileged_state: true (or use policy hold)"
-        )
     return settings
-
-
-def check_published_config(report: Mapping[str, Any], suite_names: list[str]) -> None:
-    """Raise ValueError naming the field for what the schema cannot check: a published key that
-    is neither `overall` nor a registered suite (a typo would otherwise never be compared)."""
-    for key, entry in (report.get("published") or {}).items():
-        field = f"report.published.{key}"
-        if key != PUBLISHED_OVERALL and key not in suite_names:
-            close = difflib.get_close_matches(key, suite_names, n=3, cutoff=0.6)
-            hint = f" Did you mean {', '.join(close)}?" if close else ""
-            raise ValueError(
-                f"{field}: {key!r} is not a suite name or {PUBLISHED_OVERALL!r}.{hint}"
-            )
-        rate = entry.get("rate")
-        if isinstance(rate, bool) or not isinstance(rate, int | float) or not 0 <= rate <= 1:
-            raise ValueError(f"{field}.rate: {rate!r} is not a fraction in [0, 1] (96.8% is 0.968)")
-        n = entry.get("n")
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 1):
-            raise ValueError(f"{field}.n: {n!r} is not an episode count >= 1 (or null)")
-        if not str(entry.get("source") or "").strip():
-            raise ValueError(f"{field}.source: say where the figure comes from")
 
 
 def family_settings(config: dict[str, Any]) -> dict[str, Any]:
@@ -258,18 +178,6 @@ def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
             "server": server_policy_settings(config),
         }
     )
-
-
-def _scripted_expert(config: dict[str, Any]) -> bool:
-    server = config["server"]
-    return server["backend"] == "reference" and server["reference"]["policy"] == "scripted"
-
-
-def sends_privileged_state(config: dict[str, Any]) -> bool:
-    """`rollout.send_privileged_state`; null (the default) sends it exactly to the reference
-    server's scripted expert, which plans from it, so the schema's defaults run as they are."""
-    value = config["rollout"]["send_privileged_state"]
-    return _scripted_expert(config) if value is None else bool(value)
 
 
 class RunSettings:

@@ -1,11 +1,20 @@
-"""The config as written, before it is read: the config's own families registered, an older
+"""The config as written, before it is read: the config's own families registered, the seed's
 layout upgraded (with a deprecation naming the old and the new key), settings of another family
 refused, then the schema's check with its defaults filled in. Every error is a `ConfigError`
-naming the field and the fix; `libero_eval.config` reads the checked config."""
+naming the field and the fix; `libero_eval.config` reads the checked config.
+
+The seed's layout (the project's first configs, ``config/config.yaml`` and
+``config/libero_spatial_cosmos3_sglang.yaml`` as first written) still works: its request knobs
+``policy.http_*`` (:data:`MOVED_TO_FAILURES`), its Cosmos3 fields directly under ``policy``
+(the Cosmos3 package's ``Family.upgrade``) and its statistics file under ``config/stats/``
+(:data:`SEED_FILES`). No other older layout is read: a key in a place the schema does not have
+is refused by the schema, naming the field and, where a field of that name lives elsewhere,
+its place."""
 
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 from typing import Any
 
 from libero_eval import settings_schema
@@ -26,8 +35,8 @@ def family_fields(family: str) -> tuple[str, ...]:
     return settings_schema.fields("policy", family)
 
 
-# policy.<old key> -> rollout.failures.<new key>: the request knobs moved under the one section
-# of failure settings (issue 26)
+# policy.<old key> -> rollout.failures.<new key>: the seed's request knobs, moved under the one
+# section of failure settings (issue 26)
 MOVED_TO_FAILURES = {
     "http_timeout_s": "request_timeout_s",
     "http_max_retries": "request_retries",
@@ -35,8 +44,36 @@ MOVED_TO_FAILURES = {
 }
 
 
+# A file the seed shipped under config/ -> the same file, shipped in the package since
+# (`libero_eval.package_data`): the seed's configs name it so.
+SEED_FILES = {
+    "config/stats/libero_native_frame_wise_relative_rot6d.json": (
+        "libero_eval:stats/libero_native_frame_wise_relative_rot6d.json"
+    ),
+}
+
+
+def move_seed_files(config: Any, path: str = "") -> list[str]:
+    """A value naming a file the seed shipped (:data:`SEED_FILES`) that is not there read as
+    the packaged file, with a deprecation naming the field and both names. Returns the
+    messages."""
+    messages = []
+    items = config.items() if isinstance(config, dict) else ()
+    for key, value in list(items):
+        field = f"{path}.{key}" if path else str(key)
+        if isinstance(value, dict):
+            messages += move_seed_files(value, field)
+        elif isinstance(value, str) and value in SEED_FILES and not Path(value).exists():
+            config[key] = SEED_FILES[value]
+            messages.append(
+                f"{field}: {value} is the seed's copy of a file now shipped in the package; "
+                f"read as {SEED_FILES[value]}: write that"
+            )
+    return messages
+
+
 def move_failure_fields(config: dict[str, Any]) -> list[str]:
-    """Read ``policy.http_*`` (the layout before issue 26) as ``rollout.failures.*``, with a
+    """Read ``policy.http_*`` (the seed's, before issue 26) as ``rollout.failures.*``, with a
     deprecation message naming the old and the new key; where both are set, the old key wins
     (as for a family's older layout, `Family.upgrade`). Returns the messages."""
     policy = config.get("policy")
@@ -57,10 +94,11 @@ def move_failure_fields(config: dict[str, Any]) -> list[str]:
 
 
 def check_family_fields(config: dict[str, Any]) -> list[str]:
-    """Register the config's own families (``policy.family_modules``), upgrade an older layout
-    (``move_failure_fields`` too) and reject settings of another model family; call BEFORE
-    schema validation fills defaults (the schema gives every field a default, so this runs on
-    the config as written).
+    """Register the config's own families (``policy.family_modules``), upgrade the seed's
+    layout (:func:`move_failure_fields`, each family's ``Family.upgrade``,
+    :func:`move_seed_files`) and reject settings of another model family; call BEFORE schema
+    validation fills defaults (the schema gives every field a default, so this runs on the
+    config as written).
 
     Each family's settings are under ``policy.<family>``. A family whose settings once sat
     elsewhere moves them there (``Family.upgrade``) with a :class:`ConfigDeprecationWarning`
@@ -92,6 +130,7 @@ def check_family_fields(config: dict[str, Any]) -> list[str]:
             f"{family}'s settings go under policy.{family}{where}. Are two configs of "
             "different families stacked with --configfile?"
         )
+    deprecations += move_seed_files(config)
     for message in deprecations:
         warnings.warn(message, ConfigDeprecationWarning, stacklevel=2)
     return deprecations

@@ -34,9 +34,9 @@ one place of their names and defaults), outcome-neutral: no field is in the fing
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import asdict, dataclass
 from enum import StrEnum
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 from libero_eval import settings_schema
 
@@ -67,6 +67,8 @@ class Action(StrEnum):
 class FailurePolicy:
     """The ``rollout.failures`` settings and the decision they make (:meth:`decide`)."""
 
+    SECTION: ClassVar[tuple[str, ...]] = SECTION
+
     request_timeout_s: float
     request_retries: int
     retry_backoff_s: float
@@ -76,37 +78,22 @@ class FailurePolicy:
     timeouts_in_a_row: int
     waiting_log_every_s: float
 
-    def __post_init__(self) -> None:
-        def bad(name: str, rule: str) -> ValueError:
-            value = getattr(self, name)
-            return ValueError(
-                f"{PREFIX}{name} must be {rule}, got {value!r} (fix it in the config)"
-            )
-
-        for name in ("request_timeout_s", "probe_timeout_s", "waiting_log_every_s"):
-            if isinstance(getattr(self, name), bool) or not getattr(self, name) > 0:
-                raise bad(name, "a number > 0")
-        if isinstance(self.retry_backoff_s, bool) or not self.retry_backoff_s >= 0:
-            raise bad("retry_backoff_s", "a number >= 0")
-        for name, least in (
-            ("request_retries", 0),
-            ("episode_attempts", 1),
-            ("bad_answers_in_a_row", 1),
-            ("timeouts_in_a_row", 1),
-        ):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < least:
-                raise bad(name, f"an int >= {least}")
-
     @classmethod
     def from_config(cls, section: Mapping[str, Any]) -> Self:
-        """From a validated ``rollout.failures`` section (every field present)."""
-        return cls(**{f.name: section[f.name] for f in fields(cls)})
+        """From the ``rollout.failures`` section, checked by its subschema (a bad value is a
+        ``ValueError`` naming ``rollout.failures.<field>``; a field left out takes the
+        schema's default)."""
+        return settings_schema.load(cls, section)
 
     @classmethod
     def defaults(cls, **overrides: Any) -> Self:
-        """The schema's defaults, with ``overrides`` (a connection built outside a run)."""
-        return replace(cls.from_config(settings_schema.defaults(*SECTION)), **overrides)
+        """The schema's defaults, with ``overrides`` (a connection built outside a run),
+        checked as a config's section is."""
+        return cls.from_config(overrides)
+
+    def changed(self, **changes: Any) -> Self:
+        """These settings with ``changes``, checked as a config's section is."""
+        return self.from_config({**asdict(self), **changes})
 
     def decide(self, kind: FailureKind, attempt: int = 1) -> Action:
         """What to do about the ``attempt``-th failure of ``kind`` (1-based; what it counts

@@ -110,12 +110,13 @@ def read_service_file(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 
 def wait_for_service(
     service_file: str | os.PathLike[str],
-    timeout_s: float = 900.0,
+    timeout_s: float,
     poll_s: float = 1.0,
     log_path: str | os.PathLike[str] | None = None,
 ) -> dict[str, Any]:
     """Wait until the service file says "ready" and its URL's readiness path (`health_path`
-    in the file, `/health` by default) answers 200.
+    in the file, `/health` by default) answers 200, at most ``timeout_s`` (the caller's
+    `server.health_timeout_s`).
 
     Returns the service file's content (keys slot, url, pid, pgid, backend, status, ...).
     Raises ServiceUnavailableError at once if the launcher reported "failed"/"stopped", and

@@ -7,7 +7,6 @@ from __future__ import annotations
 import ipaddress
 import time
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Self, TypedDict, TypeVar
 from urllib.parse import urlsplit
 
@@ -95,7 +94,7 @@ class ConnectionBase(ClosedOnExit):
         if failures is None:
             failures = FailurePolicy.defaults(**changes)
         elif changes:
-            failures = replace(failures, **changes)
+            failures = failures.changed(**changes)
         self.failures = failures
         self.timeout_s = float(failures.request_timeout_s)
         self.timeout_setting = timeout_setting or "rollout.failures.request_timeout_s"

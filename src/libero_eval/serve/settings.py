@@ -1,23 +1,25 @@
 """Server settings: the `server` section of a run config for one slot, parsed and checked.
 
-`ServerSettings.from_dict` is the one place a slot's settings are validated; every error is a
-`ServerSettingsError` naming the `server.<field>` and the fix. The serve job
-(`libero_eval.serve.job`) builds them once from the JSON the `serve` rule passes, and
-`libero_eval.serve.command` turns them into the server's argv and environment.
+`ServerSettings.from_dict` is the one place a slot's settings are read; it checks them with the
+schema alone (`libero_eval.settings_schema.load`: each field against the `server` section's
+subschema, or the serve job's own field's), then the cross-field rules below, each a named
+function. Every error is a `ServerSettingsError` naming the `server.<field>` and the fix. The
+serve job (`libero_eval.serve.job`) builds them once from the JSON the `serve` rule passes
+(`ServerSettings.to_json`), and `libero_eval.serve.command` turns them into the server's argv
+and environment.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Mapping, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from libero_eval import settings_schema
 from libero_eval.reference import settings as reference_settings
+from libero_eval.settings_schema import Rule, field_schema
 
-BACKENDS = settings_schema.choices("server")["backend"]
 # Flags `build_command` sets itself for sglang; also passing them in extra_args would make the
 # server listen somewhere else than the URL we publish. `--pipeline` is an alias of
 # `--pipeline-class-name` in server_args.py.
@@ -41,75 +43,44 @@ SGLANG_MANAGED_FLAGS = (
 # LLM server's). This variable caps its CUDA allocator (torch.cuda.set_per_process_memory_fraction
 # in multimodal_gen/runtime/managers/gpu_worker.py); SGLang names it a test hook.
 SGLANG_MEMORY_CAP_VARIABLE = "SGLANG_DIFFUSION_TEST_CAP_DEVICE_MEMORY_GIB"
-SGLANG_PERFORMANCE_MODES = ("auto", "speed", "memory", "manual")
+# The serve job's own fields (no config field has them), as JSON schemas.
+PORT = {"type": ["integer", "null"], "minimum": 1, "maximum": 65535}
+COMMAND = {"type": "array", "minItems": 1, "items": {"type": "string"}}
+HEALTH_PATH = settings_schema.section("server", "openpi")["properties"]["health_path"]
+URL_PATH = {"type": "string", "pattern": HEALTH_PATH["pattern"]}  # as server.openpi.health_path
 
 
 class ServerSettingsError(ValueError):
     """The server settings are invalid; the message names the `server.<field>`."""
 
 
-def _check_keys(data: Mapping[str, Any], known: Sequence[str], where: str) -> None:
-    unknown = sorted(set(data) - set(known))
-    if unknown:
-        raise ServerSettingsError(
-            f"{where}: unknown field(s) {', '.join(unknown)}; known fields: {', '.join(known)}"
-        )
-
-
-def _get_int(data: Mapping[str, Any], key: str, where: str, default: Any, minimum: int) -> Any:
-    value = data.get(key, default)
-    if value is None and default is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ServerSettingsError(f"{where}.{key}: expected an integer, got {value!r}")
-    if value < minimum:
-        raise ServerSettingsError(f"{where}.{key}: must be >= {minimum}, got {value}")
-    return value
-
-
-def _get_float(
-    data: Mapping[str, Any], key: str, where: str, default: Any, minimum: float, strict: bool
-) -> Any:
-    value = data.get(key, default)
-    if value is None and default is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
-        raise ServerSettingsError(f"{where}.{key}: expected a number, got {value!r}")
-    if value < minimum or (strict and value == minimum):
-        bound = ">" if strict else ">="
-        raise ServerSettingsError(f"{where}.{key}: must be {bound} {minimum}, got {value}")
-    return float(value)
-
-
-def _get_str(data: Mapping[str, Any], key: str, where: str, default: Any) -> Any:
-    value = data.get(key, default)
-    if value is None and default is None:
-        return None
-    if not isinstance(value, str) or not value:
-        raise ServerSettingsError(f"{where}.{key}: expected a non-empty string, got {value!r}")
-    return value
-
-
-def _get_str_list(data: Mapping[str, Any], key: str, where: str, default: list[str]) -> list[str]:
-    value = data.get(key, default)
-    if not isinstance(value, list) or not all(isinstance(item, str) for item in value):
-        raise ServerSettingsError(f"{where}.{key}: expected a list of strings, got {value!r}")
-    return list(value)
-
-
-def _default(cls: Any, name: str) -> Any:
-    """The value of a field left out of the mapping: for a field of the config section
-    ``cls`` projects (``cls.SECTION``), the schema's default, the one place it is written;
-    else the dataclass field's own (a serve-only field, such as ``health_poll_s``)."""
-    if name in settings_schema.fields(*cls.SECTION):
-        return settings_schema.default(*cls.SECTION, name)
-    spec = next(f for f in fields(cls) if f.name == name)
-    return spec.default_factory() if spec.default is MISSING else spec.default
-
-
-def _require(data: Mapping[str, Any], key: str, where: str) -> None:
-    if data.get(key) is None:
-        raise ServerSettingsError(f"{where}.{key}: required but missing")
+def reference_flags_schema() -> dict[str, Any]:
+    """The schema of the `server.reference` values the serve job passes on: the section's
+    subschema of each of its fields (without its default: an absent value or None leaves the
+    server's own), and of the reference server's other settings (`model_name`, ...) their
+    type; `policy` is required."""
+    section = settings_schema.section("server", "reference")["properties"]
+    by_type = {
+        int: {"type": "integer", "minimum": 1},
+        float: {"type": "number", "minimum": 0},
+        dict: {"type": "object"},
+    }
+    properties = {}
+    for name, kind in reference_settings.setting_types().items():
+        spec = dict(section.get(name) or by_type.get(kind, {"type": "string", "minLength": 1}))
+        spec.pop("default", None)
+        if "type" in spec:
+            kinds = [spec["type"]] if isinstance(spec["type"], str) else spec["type"]
+            spec["type"] = [*dict.fromkeys([*kinds, "null"])]
+        if "enum" in spec:
+            spec["enum"] = [*dict.fromkeys([*spec["enum"], None])]
+        properties[name] = spec
+    return {
+        "type": ["object", "null"],  # null: the backend is not the reference server
+        "properties": properties,
+        "additionalProperties": False,
+        "required": ["policy"],
+    }
 
 
 @dataclass(frozen=True)
@@ -117,36 +88,12 @@ class ReferenceServerFlags:
     """The `server.reference` values the serve job gives `python -m libero_eval.reference.server`.
 
     Their names, types and flags are the fields of the server's own
-    `reference.settings.ReferenceServerSettings` (checked here by type, so a bad value fails
-    in the serve job naming `server.reference.<field>`); an absent value (or None) leaves the
-    server's default. Read one as an attribute: ``flags.max_batch_size``.
+    `reference.settings.ReferenceServerSettings` (checked by :func:`reference_flags_schema`,
+    so a bad value fails in the serve job naming `server.reference.<field>`); an absent value
+    (or None) leaves the server's default. Read one as an attribute: ``flags.max_batch_size``.
     """
 
     values: Mapping[str, Any]
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "server.reference") -> ReferenceServerFlags:
-        if not isinstance(data, Mapping):
-            raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
-        kinds = reference_settings.setting_types()
-        _check_keys(data, list(kinds), where)
-        _require(data, "policy", where)
-        values: dict[str, Any] = {}
-        for key in kinds:
-            if data.get(key) is None:
-                continue
-            kind = kinds[key]
-            if kind is int:
-                values[key] = _get_int(data, key, where, None, 1)
-            elif kind is float:
-                values[key] = _get_float(data, key, where, None, 0.0, False)
-            elif kind is dict:
-                if not isinstance(data[key], Mapping):
-                    raise ServerSettingsError(f"{where}.{key}: expected a mapping")
-                values[key] = dict(data[key])
-            else:  # str, Path
-                values[key] = _get_str(data, key, where, None)
-        return cls(values)
 
     def __getattr__(self, name: str) -> Any:
         if name in reference_settings.setting_types():
@@ -156,6 +103,71 @@ class ReferenceServerFlags:
     def argv(self) -> list[str]:
         """The flags, in the server's own names (`reference.settings.to_argv`)."""
         return reference_settings.to_argv(self.values)
+
+
+def names_a_model(settings: SglangServerSettings, where: str) -> str | None:
+    """`sglang serve` needs a model: `model_path` is set (the schema allows null, for a
+    config whose backend is not sglang)."""
+    if settings.model_path is None:
+        return (
+            f"{where}.model_path: required with server.backend sglang (Cosmos3: the "
+            "model_diffusers/ directory; π0.5: the checkpoint directory)"
+        )
+    return None
+
+
+def runs_the_sglang_cli(settings: SglangServerSettings, where: str) -> str | None:
+    """`command` runs SGLang's CLI: `python -m sglang.cli.main` exits at once (the module has
+    no `__main__` guard)."""
+    if settings.command[-2:] == ["-m", "sglang.cli.main"]:
+        return (
+            f"{where}.command: `-m sglang.cli.main` exits without doing anything (the "
+            "module has no __main__ guard); use the `sglang` console script of the SGLang "
+            'environment or ["python", "-c", "from sglang.cli.main import main; main()"]'
+        )
+    return None
+
+
+def leaves_the_launchers_flags_alone(settings: SglangServerSettings, where: str) -> str | None:
+    """`extra_args` sets no flag the launcher sets from a field (:data:`SGLANG_MANAGED_FLAGS`)
+    nor a pipeline config file (`pipeline_config` is written to one)."""
+    for arg in settings.extra_args:
+        flag = arg.split("=", 1)[0]
+        if flag in ("--pipeline-config-path", "--pipeline-config"):
+            return (
+                f"{where}.extra_args: {arg!r}: write the pipeline config's fields in "
+                f"{where}.pipeline_config instead (the launcher passes them as "
+                "--pipeline-config-path)"
+            )
+        if flag in SGLANG_MANAGED_FLAGS:
+            return (
+                f"{where}.extra_args: {arg!r} is set by the launcher from the settings "
+                "fields (host/port/model_path/...); set that field instead"
+            )
+    return None
+
+
+def pipeline_config_is_json(settings: SglangServerSettings, where: str) -> str | None:
+    """`pipeline_config` is written as a JSON file: its values are JSON (a YAML date is not)."""
+    try:
+        json.dumps(dict(settings.pipeline_config))
+    except (TypeError, ValueError) as exc:
+        return (
+            f"{where}.pipeline_config: its values must be JSON (numbers, strings, lists, "
+            f"mappings): {exc}"
+        )
+    return None
+
+
+def tp_fits_the_gpus(settings: SglangServerSettings, where: str) -> str | None:
+    """Tensor parallelism splits the model over the server's own GPUs: `tp_size` is at most
+    `num_gpus`."""
+    if settings.tp_size > settings.num_gpus:
+        return (
+            f"{where}.tp_size: {settings.tp_size} exceeds {where}.num_gpus "
+            f"({settings.num_gpus}); lower tp_size or raise num_gpus"
+        )
+    return None
 
 
 @dataclass(frozen=True)
@@ -168,6 +180,13 @@ class SglangServerSettings:
     """
 
     SECTION: ClassVar[tuple[str, ...]] = ("server", "sglang")
+    RULES: ClassVar[tuple[Rule, ...]] = (
+        names_a_model,
+        runs_the_sglang_cli,
+        leaves_the_launchers_flags_alone,
+        pipeline_config_is_json,
+        tp_fits_the_gpus,
+    )
 
     model_path: str
     command: list[str]
@@ -187,104 +206,38 @@ class SglangServerSettings:
     extra_args: list[str]
     # serve-only (not config fields): --master-port / --scheduler-port; None: a free port
     # each at launch (command.resolve_port)
-    master_port: int | None = None
-    scheduler_port: int | None = None
+    master_port: int | None = field(default=None, metadata=field_schema(PORT))
+    scheduler_port: int | None = field(default=None, metadata=field_schema(PORT))
 
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "server.sglang") -> SglangServerSettings:
-        if not isinstance(data, Mapping):
-            raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
-        _check_keys(data, [f.name for f in fields(cls)], where)
-        _require(data, "model_path", where)
-        command = _get_str_list(data, "command", where, _default(cls, "command"))
-        if not command or not command[0]:
-            raise ServerSettingsError(
-                f"{where}.command: must name the sglang executable, e.g. "
-                '["/opt/sglang-env/bin/sglang"]'
-            )
-        if command[-2:] == ["-m", "sglang.cli.main"]:
-            raise ServerSettingsError(
-                f"{where}.command: `-m sglang.cli.main` exits without doing anything (the "
-                "module has no __main__ guard); use the `sglang` console script of the SGLang "
-                'environment or ["python", "-c", "from sglang.cli.main import main; main()"]'
-            )
-        extra_args = _get_str_list(data, "extra_args", where, _default(cls, "extra_args"))
-        for arg in extra_args:
-            flag = arg.split("=", 1)[0]
-            if flag in ("--pipeline-config-path", "--pipeline-config"):
-                raise ServerSettingsError(
-                    f"{where}.extra_args: {arg!r}: write the pipeline config's fields in "
-                    f"{where}.pipeline_config instead (the launcher passes them as "
-                    "--pipeline-config-path)"
-                )
-            if flag in SGLANG_MANAGED_FLAGS:
-                raise ServerSettingsError(
-                    f"{where}.extra_args: {arg!r} is set by the launcher from the settings "
-                    "fields (host/port/model_path/...); set that field instead"
-                )
-        pipeline_config = data.get("pipeline_config", _default(cls, "pipeline_config"))
-        if not isinstance(pipeline_config, Mapping) or not all(
-            isinstance(key, str) for key in pipeline_config
-        ):
-            raise ServerSettingsError(
-                f"{where}.pipeline_config: expected a mapping of SGLang pipeline-config field "
-                f"names to values, e.g. {{action_cuda_graph_max_entries: 32}}, got "
-                f"{pipeline_config!r}"
-            )
-        try:
-            json.dumps(dict(pipeline_config))
-        except (TypeError, ValueError) as exc:
-            raise ServerSettingsError(
-                f"{where}.pipeline_config: its values must be JSON (numbers, strings, lists, "
-                f"mappings): {exc}"
-            ) from exc
-        num_gpus = _get_int(data, "num_gpus", where, _default(cls, "num_gpus"), 1)
-        tp_size = _get_int(data, "tp_size", where, _default(cls, "tp_size"), 1)
-        performance_mode = _get_str(
-            data, "performance_mode", where, _default(cls, "performance_mode")
+
+def passes_no_port(settings: OpenpiServerSettings, where: str) -> str | None:
+    """The launcher picks the port: `command` passes none of its own (`{port}` marks where
+    the launcher puts it)."""
+    command = settings.command or []
+    fixed_port = [
+        arg
+        for i, arg in enumerate(command)
+        if (arg == "--port" and command[i + 1 : i + 2] != ["{port}"])
+        or (arg.startswith("--port=") and "{port}" not in arg)
+    ]
+    if fixed_port:
+        return (
+            f"{where}.command: do not pass --port yourself; the launcher picks the port "
+            "(write {port} where it belongs, e.g. [..., '--port', '{port}', "
+            "'policy:checkpoint', ...])"
         )
-        if performance_mode is not None and performance_mode not in SGLANG_PERFORMANCE_MODES:
-            raise ServerSettingsError(
-                f"{where}.performance_mode: expected one of "
-                f"{', '.join(SGLANG_PERFORMANCE_MODES)} or null, got {performance_mode!r}"
-            )
-        if tp_size > num_gpus:
-            raise ServerSettingsError(
-                f"{where}.tp_size: {tp_size} exceeds {where}.num_gpus ({num_gpus})"
-            )
-        return cls(
-            model_path=_get_str(data, "model_path", where, None),
-            command=command,
-            num_gpus=num_gpus,
-            tp_size=tp_size,
-            batching_max_size=_get_int(
-                data, "batching_max_size", where, _default(cls, "batching_max_size"), 1
-            ),
-            batching_delay_ms=_get_float(
-                data, "batching_delay_ms", where, _default(cls, "batching_delay_ms"), 0.0, False
-            ),
-            pipeline_class_name=_get_str(
-                data, "pipeline_class_name", where, _default(cls, "pipeline_class_name")
-            ),
-            attention_backend=_get_str(
-                data, "attention_backend", where, _default(cls, "attention_backend")
-            ),
-            performance_mode=performance_mode,
-            gpu_memory_cap_gib=_get_float(
-                data, "gpu_memory_cap_gib", where, _default(cls, "gpu_memory_cap_gib"), 0.0, True
-            ),
-            pipeline_config=dict(pipeline_config),
-            extra_args=extra_args,
-            master_port=_get_port(data, "master_port", where),
-            scheduler_port=_get_port(data, "scheduler_port", where),
+    return None
+
+
+def names_openpis_command(settings: OpenpiServerSettings, where: str) -> str | None:
+    """openpi's server needs its command line: `command` is set (the schema allows null, for
+    a config whose backend is not openpi)."""
+    if settings.command is None:
+        return (
+            f"{where}.command: required with server.backend openpi: openpi's server command "
+            'line, e.g. ["uv", "run", "scripts/serve_policy.py", "--env", "LIBERO"]'
         )
-
-
-def _get_port(data: Mapping[str, Any], key: str, where: str) -> int | None:
-    port = _get_int(data, key, where, None, 1)
-    if port is not None and port > 65535:
-        raise ServerSettingsError(f"{where}.{key}: must be <= 65535, got {port}")
-    return port
+    return None
 
 
 @dataclass(frozen=True)
@@ -299,42 +252,11 @@ class OpenpiServerSettings:
     """
 
     SECTION: ClassVar[tuple[str, ...]] = ("server", "openpi")
+    RULES: ClassVar[tuple[Rule, ...]] = (names_openpis_command, passes_no_port)
 
     command: list[str]
     cwd: str | None
     health_path: str
-
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "server.openpi") -> OpenpiServerSettings:
-        if not isinstance(data, Mapping):
-            raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
-        _check_keys(data, [f.name for f in fields(cls)], where)
-        _require(data, "command", where)
-        command = _get_str_list(data, "command", where, [])
-        if not command or not command[0]:
-            raise ServerSettingsError(
-                f"{where}.command: must be openpi's server command line, e.g. "
-                '["uv", "run", "scripts/serve_policy.py", "--env", "LIBERO"]'
-            )
-        fixed_port = [
-            arg
-            for i, arg in enumerate(command)
-            if (arg == "--port" and command[i + 1 : i + 2] != ["{port}"])
-            or (arg.startswith("--port=") and "{port}" not in arg)
-        ]
-        if fixed_port:
-            raise ServerSettingsError(
-                f"{where}.command: do not pass --port yourself; the launcher picks the port "
-                "(write {port} where it belongs, e.g. [..., '--port', '{port}', "
-                "'policy:checkpoint', ...])"
-            )
-        health_path = _get_str(data, "health_path", where, _default(cls, "health_path"))
-        if not health_path.startswith("/"):
-            raise ServerSettingsError(
-                f"{where}.health_path: must start with '/', got {health_path!r}"
-            )
-        cwd = _get_str(data, "cwd", where, _default(cls, "cwd"))
-        return cls(command=command, cwd=cwd, health_path=health_path)
 
 
 @dataclass(frozen=True)
@@ -343,28 +265,40 @@ class FamilyServerSettings:
     (`Family.server`, composed by the config): its command line, in which `{python}`, `{host}`
     and `{port}` are replaced at launch, and its readiness path."""
 
-    command: list[str]
-    health_path: str
+    command: list[str] = field(metadata=field_schema(COMMAND))
+    health_path: str = field(metadata=field_schema(URL_PATH))
 
-    @classmethod
-    def from_dict(cls, data: Any, where: str = "server.family") -> FamilyServerSettings:
-        if not isinstance(data, Mapping):
-            raise ServerSettingsError(
-                f"{where}: expected a mapping, got {data!r}; server.backend family needs a "
-                "policy.family whose package gives its own server (Family.server)"
+
+def has_its_backends_section(settings: ServerSettings, where: str) -> str | None:
+    """The backend's own section is given (`server.<backend>`); the others are left out."""
+    if getattr(settings, settings.backend) is None:
+        if settings.backend == "family":
+            return (
+                f"{where}.family: required with server.backend family: a policy.family whose "
+                "package gives its own server (Family.server)"
             )
-        _check_keys(data, [f.name for f in fields(cls)], where)
-        _require(data, "command", where)
-        _require(data, "health_path", where)
-        command = _get_str_list(data, "command", where, [])
-        if not command or not command[0]:
-            raise ServerSettingsError(f"{where}.command: must name the server's executable")
-        health_path = _get_str(data, "health_path", where, None)
-        if not health_path.startswith("/"):
-            raise ServerSettingsError(
-                f"{where}.health_path: must start with '/', got {health_path!r}"
-            )
-        return cls(command=command, health_path=health_path)
+        return f"{where}.{settings.backend}: required with server.backend {settings.backend}"
+    return None
+
+
+def pins_a_gpu_per_sglang_gpu(settings: ServerSettings, where: str) -> str | None:
+    """A pinned SGLang server sees as many devices as it uses: `gpu_id` lists
+    `sglang.num_gpus` of them (or is null: the environment's devices)."""
+    gpu_id, sglang = settings.gpu_id, settings.sglang
+    if sglang is None or gpu_id is None:
+        return None
+    pinned = 1 if isinstance(gpu_id, int) else len(gpu_id)
+    if pinned < sglang.num_gpus:
+        return (
+            f"{where}.gpu_id: pins {pinned} device(s) but {where}.sglang.num_gpus is "
+            f"{sglang.num_gpus}; give a list of {sglang.num_gpus} device indices"
+        )
+    return None
+
+
+# The backends that have a section of their own (`server.<backend>`): each slot's settings
+# carry only their backend's.
+BACKEND_SECTIONS = ("reference", "sglang", "openpi", "family")
 
 
 @dataclass(frozen=True)
@@ -376,103 +310,52 @@ class ServerSettings:
     """
 
     SECTION: ClassVar[tuple[str, ...]] = ("server",)
+    RULES: ClassVar[tuple[Rule, ...]] = (has_its_backends_section, pins_a_gpu_per_sglang_gpu)
 
     backend: str
-    slot: int  # serve-only fields below have defaults; the config's fields come from it
+    # the serve job's own fields (metadata: their schema); the config's come from it
+    slot: int = field(metadata=field_schema({"type": "integer", "minimum": 0}))
     host: str
     port: int
     health_timeout_s: float
     teardown_grace_s: float
     cpu_threads: int | None  # None: command.server_threads picks
-    health_poll_s: float = 1.0
-    gpu_id: int | tuple[int, ...] | None = None  # server.gpu_ids resolved for the slot
-    extra_env: dict[str, str] = field(default_factory=dict)
-    reference: ReferenceServerFlags | None = None
+    health_poll_s: float = field(
+        default=1.0, metadata=field_schema({"type": "number", "exclusiveMinimum": 0})
+    )
+    # server.gpu_ids resolved for the slot: a device index, a list of them, or None
+    gpu_id: int | tuple[int, ...] | None = field(
+        default=None,
+        metadata=field_schema(
+            {
+                "type": ["integer", "array", "null"],
+                "minimum": 0,
+                "minItems": 1,
+                "items": {"type": "integer", "minimum": 0},
+            }
+        ),
+    )
+    extra_env: dict[str, str] = field(
+        default_factory=dict,
+        metadata=field_schema({"type": "object", "additionalProperties": {"type": "string"}}),
+    )
+    reference: ReferenceServerFlags | None = field(
+        default=None, metadata=field_schema(reference_flags_schema, ReferenceServerFlags)
+    )
     sglang: SglangServerSettings | None = None
     openpi: OpenpiServerSettings | None = None
     family: FamilyServerSettings | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "server") -> ServerSettings:
-        """Parse and validate a settings mapping (the `server` section of a run config, for
-        one slot): first each field it shares with the config against the schema's `server`
-        subschema (jsonschema's message, naming the field), then what the schema cannot say."""
-        if not isinstance(data, Mapping):
-            raise ServerSettingsError(f"{where}: expected a mapping, got {data!r}")
-        errors = settings_schema.shared_errors(dict(data), "server", where=where)
-        if errors:
-            raise ServerSettingsError("; ".join(errors))
-        _check_keys(data, [f.name for f in fields(cls)], where)
-        backend = data.get("backend")
-        if backend not in BACKENDS:
-            raise ServerSettingsError(
-                f"{where}.backend: expected one of {', '.join(BACKENDS)}, got {backend!r}"
-            )
-        _require(data, "slot", where)
-        gpu_id = data.get("gpu_id")
-        if isinstance(gpu_id, list):
-            if not gpu_id or not all(
-                isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in gpu_id
-            ):
-                raise ServerSettingsError(
-                    f"{where}.gpu_id: expected a device index >= 0, a non-empty list of them, "
-                    f"or null, got {gpu_id!r}"
-                )
-            gpu_id = tuple(gpu_id)
-        elif gpu_id is not None:
-            gpu_id = _get_int(data, "gpu_id", where, None, 0)
-        extra_env = data.get("extra_env", _default(cls, "extra_env"))
-        if not isinstance(extra_env, Mapping) or not all(
-            isinstance(k, str) and isinstance(v, str | int | float) and not isinstance(v, bool)
-            for k, v in extra_env.items()
-        ):
-            raise ServerSettingsError(
-                f"{where}.extra_env: expected a mapping of variable name to string, "
-                f"got {extra_env!r}"
-            )
-        reference = sglang = openpi = family = None
-        if backend == "family":
-            family = FamilyServerSettings.from_dict(data.get("family"), f"{where}.family")
-        elif backend == "reference":
-            _require(data, "reference", where)
-            reference = ReferenceServerFlags.from_dict(data["reference"], f"{where}.reference")
-        elif backend == "openpi":
-            _require(data, "openpi", where)
-            openpi = OpenpiServerSettings.from_dict(data["openpi"], f"{where}.openpi")
-        else:
-            _require(data, "sglang", where)
-            sglang = SglangServerSettings.from_dict(data["sglang"], f"{where}.sglang")
-            pinned = 1 if isinstance(gpu_id, int) else len(gpu_id or ())
-            if gpu_id is not None and pinned < sglang.num_gpus:
-                raise ServerSettingsError(
-                    f"{where}.gpu_id: pins {pinned} device(s) but {where}.sglang.num_gpus is "
-                    f"{sglang.num_gpus}; give a list of {sglang.num_gpus} device indices"
-                )
-        port = _get_int(data, "port", where, _default(cls, "port"), 0)
-        if port > 65535:
-            raise ServerSettingsError(f"{where}.port: must be <= 65535 (or 0), got {port}")
-        return cls(
-            backend=backend,
-            slot=_get_int(data, "slot", where, None, 0),
-            host=_get_str(data, "host", where, _default(cls, "host")),
-            port=port,
-            health_timeout_s=_get_float(
-                data, "health_timeout_s", where, _default(cls, "health_timeout_s"), 0.0, True
-            ),
-            health_poll_s=_get_float(
-                data, "health_poll_s", where, _default(cls, "health_poll_s"), 0.0, True
-            ),
-            teardown_grace_s=_get_float(
-                data, "teardown_grace_s", where, _default(cls, "teardown_grace_s"), 0.0, False
-            ),
-            cpu_threads=_get_int(data, "cpu_threads", where, _default(cls, "cpu_threads"), 1),
-            gpu_id=gpu_id,
-            extra_env={k: str(v) for k, v in extra_env.items()},
-            reference=reference,
-            sglang=sglang,
-            openpi=openpi,
-            family=family,
-        )
+        """Parse and check a settings mapping (the `server` section of a run config, for one
+        slot, with the serve job's own fields): each field against its subschema (the
+        schema's words, naming the field), then the rules the schema cannot say. Only the
+        backend's own section is read; another backend's is left out."""
+        if isinstance(data, Mapping):
+            backend = data.get("backend")
+            data = {**data, **{name: None for name in BACKEND_SECTIONS if name != backend}}
+        return settings_schema.load(cls, data, where=where, error=ServerSettingsError)
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON-ready mapping that :meth:`from_dict` reads back to these settings: what the

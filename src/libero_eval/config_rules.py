@@ -1,0 +1,154 @@
+"""The rules of a run config that no one field's schema can say, each a named function whose
+docstring states it: `libero_eval.config.check_config` runs :data:`RUN_RULES` in order on a
+config the schema has checked and filled (`settings_schema`, the one validator of each field's
+type, bounds and default). Each raises a `ConfigError` naming the fields and the fix.
+
+A rule is ``rule(config, settings)``: the checked config and the run's
+`libero_eval.config.RunSettings`, whose parts (protocol, adapter, shards, a slot's server
+settings) are derived once and check themselves as they are built.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from typing import Any
+
+from libero_eval import suites as suite_catalog
+from libero_eval.config_layout import ConfigError
+from libero_eval.config_server import gpus_per_slot
+from libero_eval.policy import families
+
+
+def scripted_expert(config: dict[str, Any]) -> bool:
+    """Whether the server is the reference server's scripted expert."""
+    server = config["server"]
+    return server["backend"] == "reference" and server["reference"]["policy"] == "scripted"
+
+
+def sends_privileged_state(config: dict[str, Any]) -> bool:
+    """`rollout.send_privileged_state`; null (the default) sends it exactly to the reference
+    server's scripted expert, which plans from it, so the schema's defaults run as they are."""
+    value = config["rollout"]["send_privileged_state"]
+    return scripted_expert(config) if value is None else bool(value)
+
+
+def backend_serves_the_family(config: dict[str, Any], settings: Any) -> None:
+    """`server.backend` is one of the backends `policy.family` lists (`Family.backends`)."""
+    backend, family = config["server"]["backend"], families.get(config["policy"]["family"])
+    if backend not in family.backends:
+        served = [name for name in families.names() if backend in families.get(name).backends]
+        raise ConfigError(
+            f"server.backend {backend} does not serve policy.family {family.name} "
+            f"({family.title}), which is served by {', '.join(family.backends)}: set "
+            f"server.backend to one of them"
+            + (f", or policy.family to {' or '.join(served)}" if served else "")
+        )
+
+
+# The key of `report.published` that stands for the run's suites pooled (the schema's
+# description; `libero_eval.analysis.published` compares it with the overall row).
+PUBLISHED_OVERALL = "overall"
+
+
+def check_published_config(report: Mapping[str, Any], suite_names: list[str]) -> None:
+    """Raise ValueError naming the field for what the schema cannot check (it checks each
+    entry's rate, n and source): a published key that is neither `overall` nor a registered
+    suite (a typo would otherwise never be compared), and a source that is only blanks."""
+    for key, entry in (report.get("published") or {}).items():
+        field = f"report.published.{key}"
+        if key != PUBLISHED_OVERALL and key not in suite_names:
+            close = difflib.get_close_matches(key, suite_names, n=3, cutoff=0.6)
+            hint = f" Did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(
+                f"{field}: {key!r} is not a suite name or {PUBLISHED_OVERALL!r}.{hint}"
+            )
+        if not str(entry["source"]).strip():
+            raise ValueError(f"{field}.source: say where the figure comes from")
+
+
+def episodes_and_published_suites_exist(config: dict[str, Any], settings: Any) -> None:
+    """`plan.suites` (patterns too) select runnable suites, `plan.seed` and `plan.seeds` are
+    not both set, and each `report.published` key is a suite or `overall`."""
+    settings.shards  # noqa: B018 (planned: libero_eval.config.planned_episodes)
+    check_published_config(config["report"], suite_catalog.registered_suites())
+
+
+def reset_seeding_fits_the_protocol(config: dict[str, Any], settings: Any) -> None:
+    """`rollout.reset_seeding: reference` only with a protocol whose reference stream the
+    episode alone decides (openpi, cosmos: replayed; lerobot: seed + trial)."""
+    protocol = settings.protocol
+    reproducible = protocol.replays_reference_stream or protocol.seed_per_trial
+    if config["rollout"]["reset_seeding"] == "reference" and not reproducible:
+        raise ConfigError(
+            f"rollout.reset_seeding: reference cannot reproduce protocol {protocol.name}: its "
+            "reference seeds each reset from the env's rank and slot, not from the episode "
+            "(docs/protocols.md); use reset_seeding: episode"
+        )
+
+
+def family_accepts_the_run(config: dict[str, Any], settings: Any) -> None:
+    """The family's own whole-config rules (`PolicyAdapter.check_run_config`) hold, and its
+    adapter builds (its statistics file loaded and checked)."""
+    families.get(config["policy"]["family"]).adapter.check_run_config(config)
+    settings.adapter  # noqa: B018
+
+
+def each_slots_server_is_valid(config: dict[str, Any], settings: Any) -> None:
+    """Every slot's serve-job settings pass `ServerSettings.from_dict` (schema and rules)."""
+    for slot in range(config["server"]["num_slots"]):
+        settings.server(slot)
+
+
+def envs_split_over_the_shards(config: dict[str, Any], settings: Any) -> None:
+    """`rollout.total_num_envs`, a number, splits evenly over the server.num_slots x
+    rollout.shards_per_slot shards."""
+    server, rollout = config["server"], config["rollout"]
+    num_shards = server["num_slots"] * rollout["shards_per_slot"]
+    total_envs = rollout["total_num_envs"]
+    if isinstance(total_envs, int) and total_envs % num_shards:
+        raise ConfigError(
+            f"rollout.total_num_envs ({total_envs}) must split evenly over the "
+            f"{num_shards} shards (server.num_slots x rollout.shards_per_slot)"
+        )
+
+
+def gpu_ids_cover_the_slots(config: dict[str, Any], settings: Any) -> None:
+    """`server.gpu_ids`, when given, lists a device for every GPU of every slot."""
+    server = config["server"]
+    gpu_ids, per_slot = server["gpu_ids"], gpus_per_slot(config)
+    needed = server["num_slots"] * per_slot
+    if gpu_ids is not None and len(gpu_ids) < needed:
+        raise ConfigError(
+            f"server.gpu_ids lists {len(gpu_ids)} devices but {server['num_slots']} slots x "
+            f"{per_slot} GPUs each need {needed}: list them all, or use null"
+        )
+
+
+def privileged_state_only_for_the_expert(config: dict[str, Any], settings: Any) -> None:
+    """`rollout.send_privileged_state` goes to the reference server only, and its scripted
+    expert (`server.reference.policy: scripted`), which plans from it, gets it."""
+    backend = config["server"]["backend"]
+    if backend != "reference" and sends_privileged_state(config):
+        raise ConfigError(
+            "rollout.send_privileged_state is only for the reference server's scripted "
+            f"expert; set it to false (or null) with server.backend {backend}"
+        )
+    if scripted_expert(config) and not sends_privileged_state(config):
+        raise ConfigError(
+            "server.reference.policy scripted plans from privileged state: set "
+            "rollout.send_privileged_state: true (or use policy hold)"
+        )
+
+
+# What `libero_eval.config.check_config` checks, in order.
+RUN_RULES = (
+    backend_serves_the_family,
+    episodes_and_published_suites_exist,
+    reset_seeding_fits_the_protocol,
+    family_accepts_the_run,
+    each_slots_server_is_valid,
+    envs_split_over_the_shards,
+    gpu_ids_cover_the_slots,
+    privileged_state_only_for_the_expert,
+)
