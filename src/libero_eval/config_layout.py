@@ -100,6 +100,7 @@ def check_family_fields(config: dict[str, Any]) -> list[str]:
 def validate_config(config: dict[str, Any]) -> None:
     """The config checked against the schema (every registered family's section included)
     with its defaults filled in, in place; after :func:`check_family_fields`."""
+    families.names()  # the registered families' sections are in the schema
     try:
         settings_schema.validate(config)
     except ValueError as exc:

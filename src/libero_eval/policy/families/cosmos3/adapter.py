@@ -34,14 +34,15 @@ import libero_eval.policy.families.cosmos3.actions as action_math
 from libero_eval import package_data, settings_schema
 from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.errors import PolicyResponseError
+from libero_eval.policy.families.cosmos3.schema import PATH
 
-# Every `policy.cosmos3.*` field, as src/libero_eval/data/schema.yaml lists them (once); all but
+# Every `policy.cosmos3.*` field, as the family's schema.yaml lists them (once); all but
 # guidance_scale are required.
-POLICY_FIELDS = settings_schema.fields("policy", "cosmos3")
+POLICY_FIELDS = settings_schema.fields(*PATH)
 REQUIRED_SETTINGS = tuple(key for key in POLICY_FIELDS if key != "guidance_scale")
-# the fields restricted to a list of values, as the schema (data/schema.yaml) lists them (once); the
+# the fields restricted to a list of values, as the schema (its schema.yaml) lists them (once); the
 # action math's own lists must agree (tests/test_settings_defined_once.py)
-CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices("policy", "cosmos3")
+CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices(*PATH)
 
 
 def _setting_int(settings: dict[str, Any], key: str, minimum: int) -> int:

@@ -2,8 +2,9 @@
 
 ``adapter`` (one class per ``policy.pi05.api``), ``openpi_transforms``, ``checkpoint`` (a
 checkpoint's layout), ``paligemma`` (prompts), ``run_config`` (its whole-config parts),
-``reference`` (the reference server's π0.5 forms); here: its endpoint and its
-reference-server settings.
+``schema`` (its parts of the config schema, ``schema.yaml``), its part of the reference
+server: ``reference_server`` (routes) and ``reference`` (its forms); here: its endpoint, and
+its reference server's settings and fingerprint part.
 """
 
 from __future__ import annotations
@@ -11,13 +12,14 @@ from __future__ import annotations
 from typing import Any
 
 from libero_eval.policy.endpoint import ConnectionSpec
-from libero_eval.policy.families import Family, statistics_sha256
+from libero_eval.policy.families import Family, ReferencePart, statistics_sha256
 from libero_eval.policy.families.pi05.adapter import DEFAULTS, Pi05Adapter
 from libero_eval.policy.families.pi05.run_config import (
     pi05_graph_batches,
     pi05_settings,
     reference_pi05_model,
 )
+from libero_eval.policy.families.pi05.schema import POLICY, REFERENCE
 
 #: policy.pi05.api -> (channel, websocket path, readiness path)
 API_ENDPOINTS: dict[str, tuple[str, str, str]] = {
@@ -41,9 +43,10 @@ def endpoint(url: str, settings: dict[str, Any]) -> ConnectionSpec:
     return ConnectionSpec(url, channel, wire if channel == "http" else "msgpack", path, health_path)
 
 
-def reference_settings(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
-    """The reference server's π0.5 settings: its model, a checkpoint or statistics file."""
-    return {**reference, "family": "pi05", "norm_stats_path": reference_pi05_model(config)}
+def reference_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The reference server's π0.5 settings (``reference_server.Settings``): its model, a
+    checkpoint or statistics file."""
+    return {"norm_stats_path": reference_pi05_model(config)}
 
 
 def reference_outcome(config: dict[str, Any]) -> dict[str, Any]:
@@ -63,8 +66,17 @@ FAMILY = Family(
     backends=("reference", "sglang", "openpi"),
     example_config="config/libero_pi05_sglang.yaml",
     settings=pi05_settings,
-    reference_settings=reference_settings,
-    reference_outcome=reference_outcome,
+    schema=POLICY,
+    reference=ReferencePart(
+        module="libero_eval.policy.families.pi05.reference_server",
+        settings=reference_settings,
+        outcome=reference_outcome,
+        schema=REFERENCE,
+        selftest_checks=(
+            "π0.5: the checkpoint (policy.pi05.checkpoint or server.sglang.model_path), its "
+            "normalization and lerobot_prompt or discrete_state_input, replan_steps",
+        ),
+    ),
     statistics_field="policy.pi05",
     graph_batches=pi05_graph_batches,
 )

@@ -60,12 +60,13 @@ from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.errors import PolicyResponseError
 from libero_eval.policy.families.pi05.checkpoint import Pi05Layout, read_checkpoint
 from libero_eval.policy.families.pi05.run_config import check_pi05_run_config
+from libero_eval.policy.families.pi05.schema import PATH
 
-# policy.pi05's fields restricted to a list of values, as data/schema.yaml lists them (once).
-CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices("policy", "pi05")
+# policy.pi05's fields restricted to a list of values, as its schema.yaml lists them (once).
+CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices(*PATH)
 OPENPI_SERVER_HORIZON = 10  # openpi pi05_libero answers [10, 7] (action_horizon=10)
-# policy.pi05's fields and defaults, as src/libero_eval/data/schema.yaml writes them (once).
-DEFAULTS: dict[str, Any] = settings_schema.defaults("policy", "pi05")
+# policy.pi05's fields and defaults, as its schema.yaml writes them (once).
+DEFAULTS: dict[str, Any] = settings_schema.defaults(*PATH)
 _POSITIVE_INTS = ("num_inference_steps", "replan_steps", "image_size")
 _OPTIONAL_INTS = ("action_horizon", "model_action_dim")
 
