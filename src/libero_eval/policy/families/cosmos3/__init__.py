@@ -5,6 +5,14 @@ math), ``schema`` (its parts of the config schema, ``schema.yaml``), its part of
 server: ``reference_server`` (routes), ``reference_requests`` / ``reference_responses`` (its
 forms), ``sglang_api`` (the facts of SGLang's Cosmos3 API they follow); here: its endpoint,
 its older layout, and its reference server's settings and fingerprint part.
+
+On SGLang 0.5.23 (what the serve and rollout sides read of a server's start without naming the
+family): Cosmos3 keeps its DiT and VAE resident only with 120 GiB of GPU memory free at its
+start (90 for Nano; ``configs/pipeline_configs/cosmos3.py``, ``keep_resident_min_available_gb``),
+the line the render budget of ``rollout.total_num_envs: auto`` leaves free
+(``rollout.auto.RENDER_GPU_SHARE``); its weights load with one "Loaded <component>" line per
+component; its synthetic warm-up runs at SGLang's default 832x480x17 frames unless
+:func:`sglang_warmup` gives the run's shape.
 """
 
 from __future__ import annotations

@@ -5,6 +5,12 @@ checkpoint's layout), ``paligemma`` (prompts), ``run_config`` (its whole-config 
 ``schema`` (its parts of the config schema, ``schema.yaml``), its part of the reference
 server: ``reference_server`` (routes) and ``reference`` (its forms); here: its endpoint, and
 its reference server's settings and fingerprint part.
+
+On SGLang 0.5.23: ``Pi05PipelineConfig`` declares no ``keep_resident_min_available_gb`` (its
+weights stay resident whatever is free); they load in ``Pi05PolicyModel.from_pretrained``,
+which logs "Pi05 weights loaded successfully"; a ``VLA_ACTION`` pipeline runs no synthetic
+warm-up; its dynamic batching merges one-observation requests (``--batching-max-size``), and
+its denoise CUDA graphs are captured per batch size (:func:`pi05_graph_batches`).
 """
 
 from __future__ import annotations
