@@ -310,8 +310,12 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
     reference["model_name"] = f"reference-{reference['policy']}"
     reference["family"] = family.name
     reference["family_module"] = families.module_of(family.name)
-    if family.reference is not None:
-        reference["family_settings"] = family.reference.settings(config)
+    if family.reference is not None:  # the family's own fields, or what its part makes of them
+        own = settings_schema.family_reference_fields(family.name)
+        taken = family.reference.settings
+        reference["family_settings"] = (
+            taken(config) if taken else {key: server["reference"][key] for key in own}
+        )
     sglang = dict(server["sglang"])
     extra = [str(arg) for arg in sglang.get("extra_args") or []]
     warmup = family.sglang_warmup if server["backend"] == "sglang" else None

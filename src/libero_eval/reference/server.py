@@ -57,6 +57,9 @@ class ReferenceServer:
     def __init__(self, settings: ReferenceServerSettings) -> None:
         self.settings = settings
         server_policy_class(settings.policy)  # unknown names fail now, not in the background
+        self.policy: str = settings.policy
+        self.model_name: str = settings.model_name or f"reference-{settings.policy}"
+        self.max_batch_size: int = settings.max_batch_size
         self.server_policy: ServerPolicy | None = None
         self.load_error: str | None = None
         self.started = time.monotonic()
@@ -65,19 +68,6 @@ class ReferenceServer:
         self.slot = BatchSlot(
             settings.latency_fixed_s, settings.latency_per_item_s, settings.max_batch_size
         )
-
-    @property
-    def policy(self) -> str:
-        return self.settings.policy
-
-    @property
-    def model_name(self) -> str:
-        assert self.settings.model_name is not None
-        return self.settings.model_name
-
-    @property
-    def max_batch_size(self) -> int:
-        return self.settings.max_batch_size
 
     @property
     def ready(self) -> bool:

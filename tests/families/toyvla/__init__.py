@@ -107,7 +107,6 @@ FAMILY = Family(
     ),
     reference=ReferencePart(
         module="toyvla.reference_server",
-        settings=lambda config: {},  # it adds no field to server.reference
         outcome=reference_outcome,
         selftest_checks=("policy.toyvla.chunk: the actions the server answers per observation",),
     ),

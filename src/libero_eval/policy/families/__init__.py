@@ -65,18 +65,20 @@ class ReferencePart:
     - ``module``: the importable name of its server part, imported by the reference server
       alone (it defines ``Settings`` and ``add_routes(app, host, settings)``;
       :mod:`libero_eval.policy.reference_host` says what the server hands it).
-    - ``settings``: ``config -> the values of its Settings`` as the server takes them (files
-      resolved, a checkpoint's own statistics found).
     - ``outcome``: ``config -> the reference server's part of the rollout fingerprint``.
+    - ``settings``: ``config -> the values of its Settings`` as the server takes them, where
+      the whole config decides one (a checkpoint's own statistics); None: its fields of
+      ``server.reference`` as the config gives them.
     - ``schema``: the fields it adds to ``server.reference`` (field -> its schema), merged
-      into the config schema at registration; None: none.
+      into the config schema at registration; None: none, or merged already
+      (:func:`load_schema`).
     - ``selftest_checks``: what to check when the self-test fails for this family (its
       conventions that the scripted expert's answers go through), named by the verdict.
     """
 
     module: str
-    settings: Callable[[dict[str, Any]], dict[str, Any]]
     outcome: Callable[[dict[str, Any]], dict[str, Any]]
+    settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     schema: Mapping[str, Any] | None = None
     selftest_checks: tuple[str, ...] = ()
 
@@ -93,7 +95,8 @@ class Family:
     - ``backends``: the ``server.backend`` values that can serve it.
     - ``example_config``: a ready config, named in messages.
     - ``schema``: its ``policy.<name>`` section (a JSON-schema mapping), merged into the
-      config schema at registration; None where the package's schema already has it.
+      config schema at registration; None where it is there already (a built-in family's
+      package merges its ``schema.yaml`` when imported, :func:`load_schema`).
     - ``server``: its own server (``server.backend: family``), or None.
     - ``settings``: ``config -> policy.<name>`` as the adapter takes it, where the whole
       config decides a field (π0.5's checkpoint); None takes the section as it is.

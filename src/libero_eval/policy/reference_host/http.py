@@ -9,11 +9,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Protocol
 
 import numpy as np
-from fastapi import HTTPException, Request, Response
+from fastapi import FastAPI, HTTPException, Request, Response
 from fastapi.responses import JSONResponse
 
 from libero_eval.policy import codec
@@ -97,3 +97,42 @@ def refuse(host: ReferenceHost, error: RequestError) -> HTTPException:
     (``{"detail": message}``, as SGLang's action API answers)."""
     host.reject(str(error))
     return HTTPException(status_code=400, detail=str(error))
+
+
+GENERATIONS_PATH = "/v1/actions/generations"
+
+
+class GenerationRequest(Protocol):
+    """What :func:`add_action_generations` needs of a family's parsed request."""
+
+    response_format: str | None  # "envelope" or "raw" (SGLang's runtime.response_format)
+
+
+def add_action_generations(
+    app: FastAPI,
+    host: ReferenceHost,
+    parse: Callable[[Any], GenerationRequest],
+    generate: Callable[[Any], Awaitable[dict[str, Any]]],
+    envelope: Callable[..., dict[str, Any]],
+) -> None:
+    """SGLang's ``POST /v1/actions/generations`` (``api.py``) for a family: the body (JSON or
+    msgpack) read, ``parse``\\ d (a :class:`RequestError` is HTTP 400), ``generate``\\ d (a
+    failure of the server policy is HTTP 500), answered ``action_raw_response`` (``raw``) or
+    the family's ``envelope(output, model_name, preserve_numpy=...)``, msgpack when asked.
+    503 while the server policy is not ready."""
+
+    @app.post(GENERATIONS_PATH)
+    async def create_action_generation(request: Request) -> Response:
+        require_ready(host)
+        msgpack_answer = wants_msgpack(request)
+        try:
+            parsed = parse(await read_body(request))
+        except RequestError as exc:
+            raise refuse(host, exc) from exc
+        with policy_failures_as_500(host):
+            output = await generate(parsed)
+        if parsed.response_format == "raw":
+            body = raw_response(output, preserve_numpy=msgpack_answer)
+        else:
+            body = envelope(output, host.model_name, preserve_numpy=msgpack_answer)
+        return answer(body, msgpack_answer)

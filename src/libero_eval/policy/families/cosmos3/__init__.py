@@ -23,9 +23,9 @@ from libero_eval import package_data, settings_schema
 from libero_eval.policy.endpoint import ConnectionSpec
 from libero_eval.policy.families import Family, ReferencePart, statistics_sha256
 from libero_eval.policy.families.cosmos3.adapter import Cosmos3Adapter
-from libero_eval.policy.families.cosmos3.schema import PATH, POLICY, REFERENCE
+from libero_eval.policy.families.cosmos3.settings import CHOICES, FIELDS
 
-TRANSPORTS = settings_schema.choices(*PATH)["transport"]
+TRANSPORTS = CHOICES["transport"]
 
 
 def endpoint(url: str, settings: dict[str, Any]) -> ConnectionSpec:
@@ -42,7 +42,7 @@ def upgrade(policy: dict[str, Any]) -> list[str]:
     """Cosmos3 fields written directly under ``policy`` (the layout before issue 21) moved to
     ``policy.cosmos3``; where both are set, the old key (e.g. from an overlay written for the
     old layout) wins. Another family's config with them is refused."""
-    old_layout = [key for key in settings_schema.fields(*PATH) if key in policy]
+    old_layout = [key for key in FIELDS if key in policy]
     if not old_layout:
         return []
     family = policy.get("family", settings_schema.default("policy", "family"))
@@ -65,15 +65,6 @@ def upgrade(policy: dict[str, Any]) -> list[str]:
         "live under policy.cosmos3 (like π0.5's under policy.pi05): move them there (an old "
         "key overrides its policy.cosmos3 twin)"
     ]
-
-
-def reference_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The reference server's Cosmos3 settings (``reference_server.Settings``): the model's
-    statistics (resolved), its normalization and the answer's padded width."""
-    reference = config["server"]["reference"]
-    own = {key: reference[key] for key in REFERENCE}
-    own["action_stats_path"] = str(package_data.resolve(own["action_stats_path"]))
-    return own
 
 
 def reference_outcome(config: dict[str, Any]) -> dict[str, Any]:
@@ -113,12 +104,9 @@ FAMILY = Family(
     backends=("reference", "sglang"),
     example_config="config/config.yaml",
     upgrade=upgrade,
-    schema=POLICY,
     reference=ReferencePart(
         module="libero_eval.policy.families.cosmos3.reference_server",
-        settings=reference_settings,
         outcome=reference_outcome,
-        schema=REFERENCE,
         selftest_checks=(
             "policy.cosmos3.normalization / action_stats_path (quantile_rot needs the "
             "global_raw block)",

@@ -31,18 +31,14 @@ import numpy as np
 from PIL import Image
 
 import libero_eval.policy.families.cosmos3.actions as action_math
-from libero_eval import package_data, settings_schema
+from libero_eval import package_data
 from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.errors import PolicyResponseError
-from libero_eval.policy.families.cosmos3.schema import PATH
+from libero_eval.policy.families.cosmos3.settings import CHOICES
+from libero_eval.policy.families.cosmos3.settings import FIELDS as POLICY_FIELDS
 
-# Every `policy.cosmos3.*` field, as the family's schema.yaml lists them (once); all but
-# guidance_scale are required.
-POLICY_FIELDS = settings_schema.fields(*PATH)
+# Every `policy.cosmos3.*` field (its schema.yaml lists them, once) but guidance_scale is required.
 REQUIRED_SETTINGS = tuple(key for key in POLICY_FIELDS if key != "guidance_scale")
-# the fields restricted to a list of values, as the schema (its schema.yaml) lists them (once); the
-# action math's own lists must agree (tests/test_settings_defined_once.py)
-CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices(*PATH)
 
 
 def _setting_int(settings: dict[str, Any], key: str, minimum: int) -> int:

@@ -22,11 +22,12 @@ does not matter for Cosmos3: JSON answers carry lists, msgpack answers numpy arr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from fastapi.responses import JSONResponse
 
 from libero_eval.policy.families.cosmos3.actions import (
@@ -40,20 +41,10 @@ from libero_eval.policy.families.cosmos3.reference_requests import (
     GenerationRequest,
     parse_generation_request,
 )
-from libero_eval.policy.families.cosmos3.reference_responses import (
-    action_metadata,
-    generation_envelope,
-)
-from libero_eval.policy.reference_host import ReferenceHost, RequestError
-from libero_eval.policy.reference_host.http import (
-    answer,
-    policy_failures_as_500,
-    raw_response,
-    read_body,
-    refuse,
-    require_ready,
-    wants_msgpack,
-)
+from libero_eval.policy.families.cosmos3.reference_responses import action_metadata
+from libero_eval.policy.families.cosmos3.reference_responses import generation_envelope as envelope
+from libero_eval.policy.reference_host import ReferenceHost
+from libero_eval.policy.reference_host.http import add_action_generations
 
 
 @dataclass(frozen=True)
@@ -102,26 +93,17 @@ def add_routes(app: FastAPI, host: ReferenceHost, settings: Settings) -> None:
         chunks = host.act(request.items, request.action_horizon)
         return model_actions(chunks, stats, request.action_horizon, padded)
 
+    async def generate(request: GenerationRequest) -> dict[str, Any]:
+        """One request, a batch of its own."""
+        items = request.batch_size
+        actions = await host.run_batch(request.request_id, lambda: compute(request), items)
+        return output(request, actions)
+
     @app.get("/v1/actions/metadata")
     async def cosmos3_metadata() -> Response:
         return JSONResponse(metadata)
 
-    @app.post("/v1/actions/generations")
-    async def create_action_generation(request: Request) -> Response:
-        require_ready(host)
-        msgpack_answer = wants_msgpack(request)
-        try:
-            payload = await read_body(request)
-            generation = parse_generation_request(payload, host.max_batch_size, padded)
-        except RequestError as exc:
-            raise refuse(host, exc) from exc
-        with policy_failures_as_500(host):
-            actions = await host.run_batch(
-                generation.request_id, lambda: compute(generation), generation.batch_size
-            )
-        result = output(generation, actions)
-        if generation.response_format == "raw":
-            body = raw_response(result, preserve_numpy=msgpack_answer)
-        else:
-            body = generation_envelope(result, host.model_name, preserve_numpy=msgpack_answer)
-        return answer(body, msgpack_answer)
+    parse = partial(
+        parse_generation_request, max_batch_size=host.max_batch_size, padded_action_dim=padded
+    )
+    add_action_generations(app, host, parse, generate, envelope)

@@ -25,7 +25,6 @@ from libero_eval.policy.families.pi05.run_config import (
     pi05_settings,
     reference_pi05_model,
 )
-from libero_eval.policy.families.pi05.schema import POLICY, REFERENCE
 
 #: policy.pi05.api -> (channel, websocket path, readiness path)
 API_ENDPOINTS: dict[str, tuple[str, str, str]] = {
@@ -72,12 +71,10 @@ FAMILY = Family(
     backends=("reference", "sglang", "openpi"),
     example_config="config/libero_pi05_sglang.yaml",
     settings=pi05_settings,
-    schema=POLICY,
     reference=ReferencePart(
         module="libero_eval.policy.families.pi05.reference_server",
-        settings=reference_settings,
         outcome=reference_outcome,
-        schema=REFERENCE,
+        settings=reference_settings,
         selftest_checks=(
             "π0.5: the checkpoint (policy.pi05.checkpoint or server.sglang.model_path), its "
             "normalization and lerobot_prompt or discrete_state_input, replan_steps",

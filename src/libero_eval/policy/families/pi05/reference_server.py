@@ -20,26 +20,19 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from fastapi import FastAPI, Request, Response, WebSocket, WebSocketDisconnect
+from fastapi import FastAPI, Response, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 
 import libero_eval.policy.families.pi05.reference as pi05
 from libero_eval import package_data
 from libero_eval.policy import codec
-from libero_eval.policy.reference_host import PolicyOutputError, ReferenceHost, RequestError
-from libero_eval.policy.reference_host.http import (
-    answer,
-    policy_failures_as_500,
-    raw_response,
-    read_body,
-    refuse,
-    require_ready,
-    wants_msgpack,
-)
+from libero_eval.policy.reference_host import PolicyOutputError, ReferenceHost
+from libero_eval.policy.reference_host.http import add_action_generations
 
 
 @dataclass(frozen=True)
@@ -75,22 +68,8 @@ def add_routes(app: FastAPI, host: ReferenceHost, settings: Settings) -> None:
     async def pi05_metadata() -> Response:
         return JSONResponse(metadata)
 
-    @app.post("/v1/actions/generations")
-    async def create_action_generation(request: Request) -> Response:
-        require_ready(host)
-        msgpack_answer = wants_msgpack(request)
-        try:
-            payload = await read_body(request)
-            parsed = pi05.parse_request(payload, model, websocket=False)
-        except RequestError as exc:
-            raise refuse(host, exc) from exc
-        with policy_failures_as_500(host):
-            result = await generate(parsed)
-        if parsed.response_format == "raw":
-            body = raw_response(result, preserve_numpy=msgpack_answer)
-        else:
-            body = pi05.envelope(result, host.model_name, preserve_numpy=msgpack_answer)
-        return answer(body, msgpack_answer)
+    parse = partial(pi05.parse_request, model=model, websocket=False)
+    add_action_generations(app, host, parse, generate, pi05.envelope)
 
     @app.get("/healthz")
     async def healthz() -> Response:  # openpi's readiness path

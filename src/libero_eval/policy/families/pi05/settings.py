@@ -1,6 +1,8 @@
 """``policy.pi05`` as the adapter takes it: checked against its schema (``schema.yaml`` beside
-this file; the same check as the config's, for an adapter built without one), the schema's
-defaults filled in; and the rule for a value the checkpoint decides (:func:`agree`)."""
+this file, package data, with the field π0.5 adds to ``server.reference``; merged into the
+config schema when the package is imported, so that its modules read it before the registry
+registers the family; the same check as the config's, for an adapter built without one), the
+schema's defaults filled in; and the rule for a value the checkpoint decides (:func:`agree`)."""
 
 from __future__ import annotations
 
@@ -8,8 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from libero_eval import settings_schema
+from libero_eval.policy.families import load_schema
 from libero_eval.policy.families.pi05.checkpoint import Pi05Layout
-from libero_eval.policy.families.pi05.schema import PATH
+
+POLICY, REFERENCE = load_schema(__package__, "pi05")
+PATH = ("policy", "pi05")
 
 # policy.pi05's fields restricted to a list of values, as its schema.yaml lists them (once).
 CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices(*PATH)
