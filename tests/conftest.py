@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 import yaml
 from sglang_side import SglangSide, start_or_skip
-from snakemake.utils import validate
+
+from libero_eval.config import validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 # the π0.5 layout specimens (`random_checkpoint.pi05_layouts`) are test material in tools/, not
@@ -82,7 +83,7 @@ def default_config(monkeypatch) -> dict:
     (relative paths resolve from the repository root)."""
     monkeypatch.chdir(REPO)
     config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
-    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
+    validate_config(config)
     return config
 
 

@@ -191,14 +191,13 @@ def test_the_renderers_gpu_budget_is_what_the_server_leaves_of_the_gpu():
     from pathlib import Path
 
     import yaml
-    from snakemake.utils import validate
 
-    from libero_eval.config import RunSettings
+    from libero_eval.config import RunSettings, validate_config
     from libero_eval.rollout.render_device import RenderPlan
 
     repo = Path(__file__).resolve().parents[1]
     config = yaml.safe_load((repo / "config" / "config.yaml").read_text())
-    validate(config, str(repo / "src" / "libero_eval" / "data" / "schema.yaml"))
+    validate_config(config)
     h200 = RenderPlan("GPU 0", {}, 143_771)  # MiB, as nvidia-smi reports one H200
     settings = RunSettings(config)
     assert settings.render_gpu_budget_mib(h200) == int(143_771 * auto.RENDER_GPU_SHARE)

@@ -21,10 +21,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from conftest import make_record, workflow_dir
-from snakemake.utils import validate
 
 from libero_eval.analysis.aggregate import write_summary
-from libero_eval.config import RunSettings
+from libero_eval.config import RunSettings, validate_config
 from libero_eval.plan import Episode, make_shards, plan_table
 from libero_eval.rollout.shard_run import run_shard
 from libero_eval.rollout.shard_settings import ShardFailed
@@ -38,7 +37,7 @@ EPISODES = [Episode("libero_spatial", 0, 0), Episode("libero_spatial", 0, 1)]
 def full_config(**sections) -> dict:
     """A config with every default filled in by the schema, as the workflow sees it."""
     config = {"run_id": "bad_input", **sections}
-    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
+    validate_config(config)
     return config
 
 

@@ -69,7 +69,7 @@ def check_entry(capacity: dict[str, Any], max_batch: int, requests_at_max: int) 
 def test_the_probe_measures_a_cosmos3_servers_batch_1_and_its_largest_batch(default_config):
     run = run_settings(default_config)
     server = ReferenceServerSettings(
-        action_stats_path=COSMOS3_STATS,
+        family_settings={"action_stats_path": COSMOS3_STATS},
         policy="scripted",  # needs privileged state: the probe sends a scene with nothing to do
         max_batch_size=4,
         latency_fixed_s=FIXED,
@@ -84,10 +84,9 @@ def test_the_probe_sends_one_observation_requests_at_once_to_a_pi05_server(defau
     run = run_settings(default_config, family="pi05", max_batch=3)
     probe = dataclasses.replace(run.capacity_probe, privileged_state=False)
     server = ReferenceServerSettings(
-        action_stats_path=COSMOS3_STATS,
         policy="hold",
         family="pi05",
-        norm_stats_path=PI05_STATS,
+        family_settings={"norm_stats_path": PI05_STATS},
         max_batch_size=3,
         latency_fixed_s=FIXED,
         latency_per_item_s=PER_ITEM,
@@ -149,7 +148,7 @@ def serve_command(tmp_path: Path, probe: dict[str, Any]) -> list[str]:
         "slot": 0,
         "reference": {
             "policy": "hold",
-            "action_stats_path": str(COSMOS3_STATS),
+            "family_settings": {"action_stats_path": str(COSMOS3_STATS)},
             "max_batch_size": 4,
             "latency_fixed_s": FIXED,
             "latency_per_item_s": PER_ITEM,
@@ -317,10 +316,9 @@ def test_after_a_graph_warmup_the_probe_makes_no_untimed_calls(default_config):
     run = run_settings(default_config, family="pi05", max_batch=2)
     probe = dataclasses.replace(run.capacity_probe, privileged_state=False, graph_batches=(1, 2))
     server = ReferenceServerSettings(
-        action_stats_path=COSMOS3_STATS,
         policy="hold",
         family="pi05",
-        norm_stats_path=PI05_STATS,
+        family_settings={"norm_stats_path": PI05_STATS},
         max_batch_size=2,
         latency_fixed_s=FIXED,
         latency_per_item_s=PER_ITEM,

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
-from snakemake.utils import validate
 
 from libero_eval import config as settings
 from libero_eval import config_layout
+from libero_eval.config import validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 SEED = REPO / "config" / "libero_spatial_cosmos3_sglang.yaml"
@@ -28,7 +28,7 @@ def old_layout(config: dict) -> dict:
 
 def fingerprint(config: dict) -> str:
     settings.check_family_fields(config)
-    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
+    validate_config(config)
     return settings.RunSettings(config).fingerprint
 
 

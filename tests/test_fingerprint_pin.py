@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 from random_checkpoint import pi05_layouts
-from snakemake.utils import validate
+
+from libero_eval.config import validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 # Fixed paths (not tmp_path): a checkpoint's resolved path is part of the fingerprint.
@@ -46,7 +47,7 @@ def workflow_fingerprint(config: dict) -> str:
     from libero_eval.config import check_family_fields
 
     check_family_fields(config)
-    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
+    validate_config(config)
     from libero_eval.config import RunSettings
 
     return RunSettings(config).fingerprint

@@ -43,6 +43,7 @@ from libero_eval.service import (
 )
 
 FAKE_DIR = Path(__file__).parent / "fake_sglang"
+COSMOS3_STATS = "libero_eval:stats/libero_native_frame_wise_relative_rot6d.json"
 FAKE_SGLANG = FAKE_DIR / "sglang"
 
 
@@ -270,33 +271,44 @@ def test_bad_settings_raise_errors_naming_the_field(data, message):
 # --------------------------------------------------------------------------- commands
 
 
-def test_reference_flags_become_the_reference_servers_own_settings():
+@pytest.mark.parametrize(
+    "family, own",
+    [
+        (
+            "cosmos3",
+            {
+                "action_stats_path": COSMOS3_STATS,
+                "normalization": "quantile",
+                "padded_action_dim": 32,
+            },
+        ),
+        ("pi05", {"norm_stats_path": "libero_eval:stats/pi05_libero_norm_stats.json"}),
+    ],
+)
+def test_reference_flags_become_the_reference_servers_own_settings(family, own):
     """The serve side's `server.reference` flags and the reference server's settings are two
-    ends of one command line: every configured value arrives, under its own name."""
+    ends of one command line: every configured value arrives, under its own name, the
+    family's own settings too."""
     from libero_eval.reference.server import build_parser, settings_from_args
 
     configured = {
         "policy": "scripted",
-        "action_stats_path": "libero_eval:stats/libero_native_frame_wise_relative_rot6d.json",
-        "normalization": "quantile",
         "max_batch_size": 3,
-        "padded_action_dim": 32,
         "latency_fixed_s": 0.25,
         "latency_per_item_s": 0.125,
         "model_name": "reference-scripted",
-        "family": "pi05",
-        "norm_stats_path": "libero_eval:stats/pi05_libero_norm_stats.json",
+        "family": family,
+        "family_module": f"libero_eval.policy.families.{family}",
+        "family_settings": own,
     }
     settings = ServerSettings.from_dict(
         {"backend": "reference", "slot": 0, "port": 31234, "reference": configured}
     )
     argv = build_command(settings)[3:]  # after `python -m libero_eval.reference.server`
     server = settings_from_args(build_parser().parse_args(argv))
-    assert {key: getattr(server, key) for key in configured} == {
-        **configured,
-        "action_stats_path": Path(configured["action_stats_path"]),
-        "norm_stats_path": Path(configured["norm_stats_path"]),
-    }
+    assert {key: getattr(server, key) for key in configured} == configured
+    part = server.family_part_settings
+    assert {key: getattr(part, key) for key in own} == own
 
 
 def test_reference_command_passes_every_configured_flag():
@@ -308,13 +320,16 @@ def test_reference_command_passes_every_configured_flag():
             "port": 31234,
             "reference": {
                 "policy": "scripted",
-                "action_stats_path": "/stats.json",
-                "normalization": "quantile_rot",
                 "max_batch_size": 8,
-                "padded_action_dim": 32,
                 "latency_fixed_s": 0.05,
                 "latency_per_item_s": 0.01,
                 "model_name": "reference-scripted",
+                "family": "cosmos3",
+                "family_settings": {
+                    "action_stats_path": "/stats.json",
+                    "normalization": "quantile_rot",
+                    "padded_action_dim": 32,
+                },
             },
         }
     )
@@ -328,20 +343,19 @@ def test_reference_command_passes_every_configured_flag():
         "31234",
         "--policy",
         "scripted",
-        "--action-stats",
-        "/stats.json",
-        "--normalization",
-        "quantile_rot",
         "--max-batch-size",
         "8",
-        "--padded-action-dim",
-        "32",
         "--latency-fixed-s",
         "0.05",
         "--latency-per-item-s",
         "0.01",
         "--model-name",
         "reference-scripted",
+        "--family",
+        "cosmos3",
+        "--family-settings",
+        '{"action_stats_path": "/stats.json", "normalization": "quantile_rot", '
+        '"padded_action_dim": 32}',
     ]
 
 
@@ -872,7 +886,7 @@ def test_launch_rejects_bad_settings_with_exit_code_2(tmp_path):
     [
         ("port", 70000, "server.port: 70000 is greater than the maximum of 65535"),
         ("reference", {"policy": "bogus"}, "server.reference.policy: 'bogus' is not one of"),
-        ("reference", {"policy": "hold", "padded_action_dim": 4}, "server.reference.padded_"),
+        ("reference", {"policy": "hold", "max_batch_size": 0}, "server.reference.max_batch"),
     ],
 )
 def test_launch_rejects_a_value_the_schema_refuses_naming_the_field(

@@ -40,16 +40,23 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("commands", ("cli", "schema_doc")),
 )
 
-# A family package (`libero_eval.policy.families.<name>`) is in the policy layer, but its modules
-# named `reference*` are the reference server's forms of the family: the server side, in the
-# jobs layer (they use the reference server's settings and policies).
+# The families (`libero_eval.policy.families.<name>`, both sides of the wire: the client's adapter
+# and their part of the reference server) are in the policy layer; the server side imports
+# nothing of them but the registry (docs/rfcs/0009-family-plug-ins.md).
 FAMILIES = "libero_eval.policy.families"
 SERVER_SIDE = ("libero_eval.serve", "libero_eval.reference")
-
-
-def is_family_server_side(module: str) -> bool:
-    parts = module.split(".")
-    return module.startswith(FAMILIES + ".") and len(parts) > 4 and parts[4].startswith("reference")
+# What reaches a family through the registry alone, by the name in the config.
+FAMILY_BLIND = (
+    "libero_eval.config",
+    "libero_eval.config_layout",
+    "libero_eval.config_rules",
+    "libero_eval.config_server",
+    "libero_eval.reference",
+    "libero_eval.serve",
+    "libero_eval.rollout",
+    "libero_eval.report",
+    "libero_eval.analysis.selftest",
+)
 
 
 # Imports that break a rule, as (importer, imported): none. An entry here must name an import
@@ -95,8 +102,6 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
 def layer_of(module: str) -> int | None:
     """The index in LAYERS of a libero_eval module's layer; None when it has none."""
     parts = module.split(".")
-    if is_family_server_side(module):
-        return next(i for i, (name, _) in enumerate(LAYERS) if name == "jobs")
     top = parts[0] if len(parts) == 1 else parts[1]
     return next((i for i, (_, names) in enumerate(LAYERS) if top in names), None)
 
@@ -143,13 +148,28 @@ def test_nothing_of_the_rollout_side_reaches_the_config():
     assert reaching == [], f"these rollout modules import libero_eval.config: {reaching}"
 
 
-def test_a_familys_reference_forms_are_on_the_server_side():
-    assert layer_of("libero_eval.policy.families.cosmos3.reference_requests") == layer_of(
-        "libero_eval.reference.server"
+def test_nothing_of_the_policy_side_imports_the_server_side():
+    """A family's part of the reference server gets what it needs handed to it
+    (`libero_eval.policy.reference_host`): nothing under `policy/` imports the server."""
+    graph = imports()
+    policy = [m for m in graph if m.startswith("libero_eval.policy")]
+    found = sorted(f"{m} -> {d}" for m in policy for d in graph[m] if d.startswith(SERVER_SIDE))
+    assert found == [], f"the policy side imports the server side: {found}"
+
+
+def test_the_core_reaches_a_family_only_through_the_registry():
+    """The reference server, the jobs, the config, the report and the self-test name no
+    family: they import the registry (`libero_eval.policy.families`), never a family's module,
+    and ask it by the name the config gives."""
+    graph = imports()
+    found = sorted(
+        f"{m} -> {d}"
+        for m in graph
+        if m.startswith(FAMILY_BLIND)
+        for d in graph[m]
+        if d.startswith(FAMILIES + ".") and d.count(".") >= 3
     )
-    assert layer_of("libero_eval.policy.families.cosmos3.adapter") == layer_of(
-        "libero_eval.policy.connection"
-    )
+    assert found == [], f"these import a family's module, not the registry: {found}"
 
 
 def test_every_known_violation_is_still_there():
@@ -162,7 +182,7 @@ def test_the_rollout_side_imports_nothing_of_the_server_side():
     graph = imports()
     rollout = [m for m in graph if m.startswith("libero_eval.rollout")]
     reached = set().union(*(reachable(graph, m) for m in rollout))
-    assert not {m for m in reached if m.startswith(SERVER_SIDE) or is_family_server_side(m)}
+    assert not {m for m in reached if m.startswith(SERVER_SIDE)}
 
 
 MAX_LINES = 600

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 from conftest import pi05_checkpoint
-from snakemake.utils import validate
 from test_cosmos3_config import dry_run, overlay
 
 from libero_eval import config as settings
+from libero_eval.config import validate_config
 
 REPO = Path(__file__).resolve().parents[1]
 SGLANG_CONFIG = REPO / "config" / "libero_pi05_sglang.yaml"  # LeRobot lineage
@@ -56,7 +56,7 @@ def _deep_update(target: dict, source: dict) -> None:
 
 def checked(config: dict) -> dict:
     settings.check_family_fields(config)
-    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
+    validate_config(config)
     settings.check_config(config)
     return config
 

@@ -12,13 +12,11 @@ from http import HTTPStatus
 from pathlib import Path
 
 import pytest
-from snakemake.utils import validate
 from test_pi05_adapter import STATS
-from test_pi05_reference import COSMOS3_STATS
 from websockets.sync.client import connect as ws_connect
 from websockets.sync.server import ServerConnection, serve
 
-from libero_eval.config import RunSettings
+from libero_eval.config import RunSettings, validate_config
 from libero_eval.plan import Episode
 from libero_eval.reference.server import serve_in_thread
 from libero_eval.reference.settings import ReferenceServerSettings
@@ -45,14 +43,14 @@ def pi05_shard(tmp_path, **pi05):
             "failures": {"request_retries": 0},
         },
     }
-    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
+    validate_config(config)
     return RunSettings(config).shard_settings("shard000", 0, 1), EpisodeStore(tmp_path / "episodes")
 
 
 @pytest.fixture(scope="module")
 def url():
     settings = ReferenceServerSettings(
-        action_stats_path=COSMOS3_STATS, policy="scripted", family="pi05", norm_stats_path=STATS
+        policy="scripted", family="pi05", family_settings={"norm_stats_path": STATS}
     )
     with serve_in_thread(settings) as base_url:
         yield base_url
@@ -137,10 +135,7 @@ def test_each_lineage_runs_against_a_server_standing_in_for_its_checkpoint(tmp_p
 
     checkpoint = pi05_checkpoint(lineage)
     server = ReferenceServerSettings(
-        action_stats_path=COSMOS3_STATS,
-        policy="scripted",
-        family="pi05",
-        norm_stats_path=checkpoint,
+        policy="scripted", family="pi05", family_settings={"norm_stats_path": checkpoint}
     )
     settings, store = pi05_shard(tmp_path, checkpoint=str(checkpoint), **pi05)
     with serve_in_thread(server) as base_url:
@@ -178,10 +173,9 @@ def test_a_server_that_merges_requests_gets_a_batch_of_them_at_once_and_no_outco
     )
     for name, server_capacity, model in runs:
         server = ReferenceServerSettings(
-            action_stats_path=COSMOS3_STATS,
             policy="scripted",
             family="pi05",
-            norm_stats_path=STATS,
+            family_settings={"norm_stats_path": STATS},
             **model,
         )
         settings, store = pi05_shard(tmp_path / name, norm_stats_path=str(STATS))

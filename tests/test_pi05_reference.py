@@ -33,7 +33,7 @@ HOLD = np.array([0, 0, 0, 0, 0, 0, -1.0])  # the hold policy's action: still, gr
 @pytest.fixture(scope="module")
 def pi05_url():
     settings = ReferenceServerSettings(
-        action_stats_path=COSMOS3_STATS, policy="hold", family="pi05", norm_stats_path=STATS
+        policy="hold", family="pi05", family_settings={"norm_stats_path": STATS}
     )
     with serve_in_thread(settings) as url:
         yield url
@@ -145,7 +145,9 @@ def test_servers_of_the_other_family_are_refused(pi05_url):
             cosmos3.check_server_metadata(client.metadata())
         with pytest.raises(PolicyRequestRejected, match="this is a π0.5 server"):
             client.infer(cosmos3.build_request([privileged()], "r"))
-    settings = ReferenceServerSettings(action_stats_path=COSMOS3_STATS, policy="hold")
+    settings = ReferenceServerSettings(
+        policy="hold", family_settings={"action_stats_path": COSMOS3_STATS}
+    )
     with (
         serve_in_thread(settings) as url,
         HttpConnection(url, max_retries=0) as client,
@@ -156,7 +158,9 @@ def test_servers_of_the_other_family_are_refused(pi05_url):
 
 def test_cosmos3_images_are_checked_against_the_raw_frames_too():
     cosmos3 = cosmos3_adapter()
-    settings = ReferenceServerSettings(action_stats_path=COSMOS3_STATS, policy="hold")
+    settings = ReferenceServerSettings(
+        policy="hold", family_settings={"action_stats_path": COSMOS3_STATS}
+    )
     with serve_in_thread(settings) as url, HttpConnection(url, max_retries=0) as client:
         good = cosmos3.build_request([privileged()], "r")
         assert cosmos3.parse_response(client.infer(good), 1).shape == (1, 16, 7)

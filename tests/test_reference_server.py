@@ -41,14 +41,19 @@ RNG = np.random.default_rng(7)
 IMAGE = RNG.integers(0, 256, size=(8, 16, 3), dtype=np.uint8)
 
 
+COSMOS3_FIELDS = ("action_stats_path", "normalization", "padded_action_dim")
+
+
 def settings(**overrides: Any) -> ReferenceServerSettings:
+    """The server's settings, Cosmos3's own (its fields of server.reference) among them."""
     values: dict[str, Any] = {
         "action_stats_path": STATS_PATH,
         "padded_action_dim": PADDED_DIM,
         "policy": "hold",  # the schema's default, scripted, needs privileged state
     }
     values.update(overrides)
-    return ReferenceServerSettings(**values)
+    own = {key: values.pop(key) for key in COSMOS3_FIELDS if key in values}
+    return ReferenceServerSettings(**values, family_settings=own)
 
 
 @pytest.fixture(scope="module")
@@ -633,15 +638,25 @@ def test_unknown_policy_names_list_the_known_ones():
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        ({"padded_action_dim": 7}, "padded_action_dim must be >= 10"),
-        ({"max_batch_size": 0}, "max_batch_size must be >= 1"),
-        ({"latency_fixed_s": -1.0}, "latency_fixed_s must be a finite number >= 0"),
-        ({"normalization": "zscore"}, "unknown action normalization 'zscore'"),
+        (
+            {"padded_action_dim": 7},
+            "server.reference.padded_action_dim: 7 is less than the minimum",
+        ),
+        ({"max_batch_size": 0}, "server.reference.max_batch_size: 0 is less than the minimum"),
+        ({"latency_fixed_s": -1.0}, "server.reference.latency_fixed_s: -1.0 is less than"),
+        ({"normalization": "zscore"}, "server.reference.normalization: 'zscore' is not one of"),
     ],
 )
 def test_bad_settings_are_rejected(overrides, message):
     with pytest.raises(ValueError, match=message):
         settings(**overrides)
+
+
+def test_a_setting_the_family_does_not_have_is_named_with_those_it_has():
+    with pytest.raises(ValueError, match=r"\['nope'\] are not settings of family 'cosmos3'.*"):
+        ReferenceServerSettings(family="cosmos3", family_settings={"nope": 1})
+    with pytest.raises(ValueError, match="unknown policy.family 'nope'"):
+        ReferenceServerSettings(family="nope")
 
 
 # --- CLI ------------------------------------------------------------------------------------
@@ -663,9 +678,16 @@ def test_cli_serves_health_and_logs_one_line_per_request(tmp_path):
     with log_path.open("w") as log:
         process = subprocess.Popen(
             cli(
-                *("--port", str(port), "--policy", "hold", "--action-stats", str(STATS_PATH)),
-                *("--normalization", "quantile_rot", "--max-batch-size", "8"),
-                *("--padded-action-dim", "10", "--latency-fixed-s", "0.0"),
+                *("--port", str(port), "--policy", "hold", "--family", "cosmos3"),
+                "--family-settings",
+                json.dumps(
+                    {
+                        "action_stats_path": str(STATS_PATH),
+                        "normalization": "quantile_rot",
+                        "padded_action_dim": 10,
+                    }
+                ),
+                *("--max-batch-size", "8", "--latency-fixed-s", "0.0"),
                 *("--latency-per-item-s", "0.0", "--model-name", "reference-hold"),
             ),
             stdout=log,
@@ -700,7 +722,10 @@ def test_cli_serves_health_and_logs_one_line_per_request(tmp_path):
 def test_cli_rejects_a_missing_stats_file_naming_it(tmp_path):
     missing = tmp_path / "nope.json"
     result = subprocess.run(
-        cli("--port", str(free_port()), "--action-stats", str(missing)),
+        cli(
+            *("--port", str(free_port())),
+            *("--family-settings", json.dumps({"action_stats_path": str(missing)})),
+        ),
         capture_output=True,
         text=True,
         timeout=30,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from libero_eval import settings_schema
+from libero_eval.policy import families
 from libero_eval.reference import server as reference_server
 from libero_eval.reference import settings as reference_settings
 from libero_eval.serve.settings import ReferenceServerFlags, ServerSettings
@@ -38,7 +39,9 @@ def schema_sections(node: dict | None = None, path: tuple[str, ...] = ()) -> lis
     return found
 
 
-# Every section of the schema (the top level is ``()``): what the scans below cover.
+# Every section of the schema (the top level is ``()``), every registered family's parts in it:
+# what the scans below cover.
+families.names()
 SECTIONS = schema_sections()
 MIN_FIELDS = 3  # a literal naming this many of a section's fields is a second list of them
 # Code names of config fields: a parameter named so stands for the field (and must not repeat
@@ -159,11 +162,11 @@ def test_the_scans_catch_the_layouts_they_replaced():
     assert written_defaults(report_defaults, settings_schema.defaults("report"))
     flags = (
         "class ReferenceServerFlags:\n"
-        "    policy: str\n    normalization: str | None = None\n    max_batch_size: int = 8\n"
+        "    policy: str\n    latency_fixed_s: float | None = None\n    max_batch_size: int = 8\n"
     )
     assert listed_fields(flags, reference_fields())
     copied = "def f(reference):\n    return {'policy': reference['policy'], " + ", ".join(
-        f"'{k}': reference['{k}']" for k in ("normalization", "max_batch_size")
+        f"'{k}': reference['{k}']" for k in ("latency_fixed_s", "max_batch_size")
     )
     assert listed_fields(copied + "}\n", reference_fields())
 
@@ -182,28 +185,33 @@ def test_the_reference_servers_fields_are_listed_only_by_its_settings_class():
     assert lists == {}, f"reference server fields listed again: {lists}"
     # the serve side's flags hold values, not a field list of their own
     assert [f.name for f in fields(ReferenceServerFlags)] == ["values"]
-    # every server.reference field the schema has is a field of the server's settings
-    assert set(settings_schema.fields("server", "reference")) <= names
+    # every server.reference field the schema has is a field of the server's settings, or of
+    # the settings of the family that added it (its part of the server)
+    assert set(settings_schema.reference_fields()) <= names
+    for name in families.names():
+        own = settings_schema.family_reference_fields(name)
+        part = families.get(name).reference
+        if part is not None:
+            settings = families.reference_server(name).Settings
+            assert set(own) == {f.name for f in fields(settings)}, name
 
 
 def test_every_reference_setting_reaches_the_server_unchanged():
     """Config JSON → serve job → argv → the server's parser → ReferenceServerSettings."""
     values = {
         "policy": "scripted",
-        "action_stats_path": Path("libero_eval:stats/libero_native_frame_wise_relative_rot6d.json"),
         "policy_kwargs": {"speed": 0.5},
-        "normalization": "quantile",
         "max_batch_size": 3,
-        "padded_action_dim": 32,
         "latency_fixed_s": 0.25,
         "latency_per_item_s": 0.125,
         "startup_delay_s": 2.5,
         "model_name": "reference-x",
         "family": "pi05",
-        "norm_stats_path": Path("libero_eval:stats/pi05_libero_norm_stats.json"),
+        "family_module": "libero_eval.policy.families.pi05",
+        "family_settings": {"norm_stats_path": "libero_eval:stats/pi05_libero_norm_stats.json"},
     }
     assert set(values) == reference_fields()  # a new field must be added here too
-    as_json = {k: str(v) if isinstance(v, Path) else copy.deepcopy(v) for k, v in values.items()}
+    as_json = copy.deepcopy(values)
     serve = ServerSettings.from_dict({"backend": "reference", "slot": 0, "reference": as_json})
     parsed = reference_server.build_parser().parse_args(serve.reference.argv())
     server = reference_server.settings_from_args(parsed)
@@ -245,15 +253,14 @@ def test_every_slots_server_settings_cross_to_the_serve_job_unchanged(name, monk
     import json
 
     import yaml
-    from snakemake.utils import validate
 
-    from libero_eval.config import RunSettings, check_family_fields
+    from libero_eval.config import RunSettings, check_family_fields, validate_config
 
     repo = PACKAGE.parents[1]
     monkeypatch.chdir(repo)
     config = yaml.safe_load((repo / "config" / name).read_text())
     check_family_fields(config)
-    validate(config, str(repo / "src" / "libero_eval" / "data" / "schema.yaml"))
+    validate_config(config)
     run = RunSettings(config)
     for slot in range(config["server"]["num_slots"]):
         settings = run.server(slot)
@@ -299,8 +306,7 @@ JUSTIFIED: dict[str, str] = {
     "policy/families/cosmos3/reference_responses.py:action_metadata.num_gpus": _SGLANG_API,
     "policy/families/cosmos3/reference_responses.py:action_metadata.tp_size": _SGLANG_API,
     "policy/families/cosmos3/reference_responses.py:action_metadata.action_mode": _SGLANG_API,
-    "reference/server.py:ReferenceServer.generate.action_mode": _SGLANG_API,
-    "reference/server.py:_add_pi05_routes.create_action_generation.response_format": (_SGLANG_API),
+    "policy/families/cosmos3/reference_server.py:output.action_mode": _SGLANG_API,
     "policy/families/pi05/reference.py:parse_request.response_format": _SGLANG_API,
     "policy/families/pi05/reference.py:parse_request.num_inference_steps": _SGLANG_API,
     "policy/families/pi05/reference.py:metadata.num_inference_steps": _SGLANG_API,
@@ -687,6 +693,12 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
         ),
         (OpenpiServerSettings, ("server", "openpi"), {}, {}),
         (FailurePolicy, ("rollout", "failures"), {}, {}),
+        # each family's part of the reference server: its fields of server.reference
+        *(
+            (families.reference_server(name).Settings, ("server", "reference"), {}, {})
+            for name in families.names()
+            if families.get(name).reference is not None
+        ),
     ]
 
 
@@ -732,20 +744,22 @@ def test_no_module_checks_a_config_values_type_or_bounds_by_hand():
 def test_the_reference_servers_defaults_are_the_schemas():
     """The reference server runs on its own too, so its settings have defaults: for the
     `server.reference` fields, the schema's (the drift of issue 26: `policy` was `hold`
-    there while the schema said `scripted`)."""
-    section = settings_schema.defaults("server", "reference")
+    there while the schema said `scripted`); a family's own fields of it are the projection of
+    their schema (test_a_settings_dataclass_is_a_projection_of_its_schema_section), built at
+    the schema's defaults."""
     own = {f.name: f for f in fields(reference_settings.ReferenceServerSettings)}
-    # action_stats_path: required on the command line (the serve job passes it, resolved);
-    # norm_stats_path: π0.5 only, resolved per run (a checkpoint's own statistics first)
-    required_or_resolved = {"action_stats_path", "norm_stats_path"}
-    for name, default in section.items():
+    for name in settings_schema.reference_fields():
         assert name in own, f"server.reference.{name} is not a reference server setting"
-        if name not in required_or_resolved:
-            assert _same(own[name].default, default), (name, own[name].default, default)
-    assert own["action_stats_path"].default is MISSING
-    assert own["norm_stats_path"].default is None
-    parsed = reference_server.build_parser().parse_args(["--action-stats", "x.json"])
-    assert reference_server.settings_from_args(parsed).policy == section["policy"] == "scripted"
+        default = settings_schema.default("server", "reference", name)
+        assert _same(own[name].default, default), (name, own[name].default, default)
+    parsed = reference_server.build_parser().parse_args([])
+    server = reference_server.settings_from_args(parsed)
+    assert server.policy == settings_schema.default("server", "reference", "policy") == "scripted"
+    defaults = settings_schema.defaults("server", "reference")
+    family = server.family_part_settings
+    assert {f.name: getattr(family, f.name) for f in fields(family)} == {
+        name: defaults[name] for name in settings_schema.family_reference_fields(server.family)
+    }
 
 
 def test_the_projection_check_fails_on_a_field_with_a_default_or_a_stray_field():

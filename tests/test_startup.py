@@ -141,16 +141,18 @@ def shard(tmp_path: Path, envs: int, **rollout: Any):
         "server": {"reference": {"policy": "hold"}},
         "rollout": {"send_privileged_state": False, "camera_size": 64, **rollout},
     }
-    from snakemake.utils import validate
+    from libero_eval.config import validate_config
 
-    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
+    validate_config(config)
     settings = RunSettings(config).shard_settings("shard000", 0, envs, tmp_path / "events.log")
     return settings, EpisodeStore(tmp_path / "episodes")
 
 
 def reference(**latency: float) -> ReferenceServerSettings:
     return ReferenceServerSettings(
-        action_stats_path=STATS / "libero_native_frame_wise_relative_rot6d.json",
+        family_settings={
+            "action_stats_path": STATS / "libero_native_frame_wise_relative_rot6d.json"
+        },
         policy="hold",
         max_batch_size=2,
         **latency,

@@ -3,10 +3,10 @@
 from pathlib import Path
 
 import pytest
-from snakemake.utils import validate
 
 from libero_eval import config as settings
 from libero_eval import suites
+from libero_eval.config import validate_config
 from libero_eval.plan import Episode, plan_episodes
 from libero_eval.rollout.protocols import get_protocol
 
@@ -16,7 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 def full_config(plan: dict) -> dict:
     """A config with every default filled in by the schema, as the workflow sees it."""
     config = {"run_id": "suites", "plan": plan, "rollout": {"send_privileged_state": True}}
-    validate(config, str(REPO / "src" / "libero_eval" / "data" / "schema.yaml"))
+    validate_config(config)
     return config
 
 

@@ -21,12 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 CHECK = """
 import json, sys
 import yaml
-from snakemake.utils import validate
 import libero_eval
-from libero_eval import settings_schema
-from libero_eval.config import check_config
+from libero_eval.config import check_config, check_family_fields, validate_config
 config = yaml.safe_load(open(sys.argv[1]))
-validate(config, str(settings_schema.SCHEMA_PATH))
+check_family_fields(config)
+validate_config(config)
 settings = check_config(config)
 print(json.dumps({"package": libero_eval.__file__, "fingerprint": settings.fingerprint,
                   "stats": str(settings.adapter.stats.source)}))

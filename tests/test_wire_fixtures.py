@@ -41,7 +41,9 @@ def structure(value: Any) -> Any:
 def url():
     # As SGLang launched for the fixtures: --batching-max-size 8, no padding beyond 10.
     settings = ReferenceServerSettings(
-        action_stats_path=STATS_PATH, max_batch_size=8, padded_action_dim=10, policy="hold"
+        max_batch_size=8,
+        policy="hold",
+        family_settings={"action_stats_path": STATS_PATH, "padded_action_dim": 10},
     )
     with serve_in_thread(settings) as base_url:
         yield base_url

@@ -16,7 +16,6 @@ from typing import Any
 from libero_eval import package_data
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SCHEMA = REPO_ROOT / "src" / "libero_eval" / "data" / "schema.yaml"
 STATS = package_data.path("stats/libero_native_frame_wise_relative_rot6d.json")
 CHUNK = 16
 
@@ -68,10 +67,10 @@ def table(headers: list[str], rows: list[list[Any]]) -> str:
 
 def default_config(**overrides: Any) -> dict[str, Any]:
     """The workflow config with the schema's defaults filled in (as common.smk does)."""
-    from snakemake.utils import validate
+    from libero_eval.config import validate_config
 
     config: dict[str, Any] = {"run_id": "bench_throughput", **overrides}
-    validate(config, str(SCHEMA))
+    validate_config(config)
     config["policy"]["cosmos3"]["action_stats_path"] = str(STATS)
     return config
 

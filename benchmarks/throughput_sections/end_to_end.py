@@ -278,7 +278,7 @@ def section_bc(args: argparse.Namespace, env_result: EnvResult | None) -> dict[s
     from libero_eval.reference.settings import ReferenceServerSettings
 
     settings = ReferenceServerSettings(
-        action_stats_path=STATS,
+        family_settings={"action_stats_path": STATS},
         policy="hold",
         max_batch_size=args.server_batch,
         latency_fixed_s=args.latency_fixed_s,

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from throughput_sections.common import CHUNK, STATS, best_ms, default_config, table
+from throughput_sections.common import CHUNK, best_ms, default_config, table
 from throughput_sections.env import EnvResult
 
 
@@ -33,24 +33,21 @@ def _transport_costs(
     transport: str, batch: int, observation: Any, policy: dict[str, Any], repeats: int, seed: int
 ) -> dict[str, Any]:
     """Client-side ms (whole batch) of one request/response round in `transport`."""
+    from libero_eval import settings_schema
     from libero_eval.policy import codec
     from libero_eval.policy.families import make_adapter
     from libero_eval.policy.families.cosmos3.actions import preprocess_observation_image
-    from libero_eval.policy.families.cosmos3.reference_requests import (
-        decode_body,
-        parse_generation_request,
-    )
+    from libero_eval.policy.families.cosmos3.reference_requests import parse_generation_request
     from libero_eval.policy.families.cosmos3.reference_responses import generation_envelope
     from libero_eval.policy.http_connection import HttpConnection
-    from libero_eval.reference.settings import ReferenceServerSettings
+    from libero_eval.policy.reference_host.http import decode_body
 
     adapter = make_adapter("cosmos3", {**policy, "transport": transport})
     client = HttpConnection(
         "http://127.0.0.1:9", wire_format="msgpack" if transport == "msgpack" else "json"
     )
-    server_settings = ReferenceServerSettings(
-        action_stats_path=STATS, max_batch_size=64, policy="hold"
-    )
+    server_max_batch = 64  # the reference server's limits; its padded width is the schema's
+    server_padded_dim = settings_schema.default("server", "reference", "padded_action_dim")
     observations = [observation] * batch
     payload = adapter.build_request(observations, request_id="bench")
     body, headers = client.encode(payload)
@@ -89,7 +86,7 @@ def _transport_costs(
         "parse_ms": best_ms(lambda: adapter.parse_response(response, batch), repeats),
         "server_decode_ms": best_ms(
             lambda: parse_generation_request(
-                decode_body(body, headers["Content-Type"]), server_settings
+                decode_body(body, headers["Content-Type"]), server_max_batch, server_padded_dim
             ),
             repeats,
         ),

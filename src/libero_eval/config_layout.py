@@ -3,10 +3,10 @@ layout upgraded (with a deprecation naming the old and the new key), settings of
 refused, then the schema's check with its defaults filled in. Every error is a `ConfigError`
 naming the field and the fix; `libero_eval.config` reads the checked config.
 
-The seed's layout (the project's first configs, ``config/config.yaml`` and
-``config/libero_spatial_cosmos3_sglang.yaml`` as first written) still works: its request knobs
-``policy.http_*`` (:data:`MOVED_TO_FAILURES`), its Cosmos3 fields directly under ``policy``
-(the Cosmos3 package's ``Family.upgrade``) and its statistics file under ``config/stats/``
+The seed's layout (the project's first configs, ``config/config.yaml`` and its first SGLang
+config as first written; tests/fixtures/seed_configs) still works: its request knobs
+``policy.http_*`` (:data:`MOVED_TO_FAILURES`), its family's fields directly under ``policy``
+(that family's ``Family.upgrade``) and its statistics file under ``config/stats/``
 (:data:`SEED_FILES`). No other older layout is read: a key in a place the schema does not have
 is refused by the schema, naming the field and, where a field of that name lives elsewhere,
 its place."""
@@ -139,6 +139,7 @@ def check_family_fields(config: dict[str, Any]) -> list[str]:
 def validate_config(config: dict[str, Any]) -> None:
     """The config checked against the schema (every registered family's section included)
     with its defaults filled in, in place; after :func:`check_family_fields`."""
+    families.names()  # the registered families' sections are in the schema
     try:
         settings_schema.validate(config)
     except ValueError as exc:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from libero_eval import package_data
+from libero_eval import settings_schema
 from libero_eval.policy import families
 from libero_eval.policy.families import Family
 from libero_eval.serve.settings import ServerSettings
@@ -26,9 +26,9 @@ def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The server-side settings that change actions (part of the rollout fingerprint)."""
     server = config["server"]
     if server["backend"] == "reference":
-        outcome = _family(config).reference_outcome
-        assert outcome is not None, "check_config refuses a family the reference cannot serve"
-        return outcome(config)
+        part = _family(config).reference
+        assert part is not None, "check_config refuses a family the reference cannot serve"
+        return part.outcome(config)
     if server["backend"] == "family":
         family = _family(config)
         assert family.server is not None
@@ -82,14 +82,19 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
     `serve` rule hands them to `libero_eval.serve.job` as `to_json()`, which reads them back."""
     server = config["server"]
     gpu_id = slot_gpu_ids(config, slot)
-    # server.reference as the reference server's own settings name them
-    # (reference.settings.ReferenceServerSettings), the family's part by the family
+    # server.reference's own fields as the reference server names them
+    # (reference.settings.ReferenceServerSettings); the family's fields of it, by the family
     family = _family(config)
-    reference = dict(server["reference"])
+    reference = {key: server["reference"][key] for key in settings_schema.reference_fields()}
     reference["model_name"] = f"reference-{reference['policy']}"
-    reference["action_stats_path"] = str(package_data.resolve(reference["action_stats_path"]))
-    if family.reference_settings is not None:
-        reference = family.reference_settings(config, reference)
+    reference["family"] = family.name
+    reference["family_module"] = families.module_of(family.name)
+    if family.reference is not None:  # the family's own fields, or what its part makes of them
+        own = settings_schema.family_reference_fields(family.name)
+        taken = family.reference.settings
+        reference["family_settings"] = (
+            taken(config) if taken else {key: server["reference"][key] for key in own}
+        )
     sglang = dict(server["sglang"])
     extra = [str(arg) for arg in sglang.get("extra_args") or []]
     warmup = family.sglang_warmup if server["backend"] == "sglang" else None

@@ -1,5 +1,6 @@
-"""Render the config schema (the package's ``data/schema.yaml``, or the file named) as the
-Markdown config reference (config/README.md).
+"""Render the config schema as the Markdown config reference (config/README.md): the package's
+``data/schema.yaml`` with every registered family's parts merged in (each built-in family's
+``schema.yaml``, package data of its package), or the schema file named.
 
 Usage: ``.venv/bin/python -m libero_eval.schema_doc > config/README.md``.
 """
@@ -13,13 +14,15 @@ from typing import Any
 
 import yaml
 
-from libero_eval import package_data
+from libero_eval import settings_schema
+from libero_eval.policy import families
 
 HEADER = """# Configuration reference
 
-Generated from `src/libero_eval/data/schema.yaml` (package data: the workflow and the package
-read this one file) by `.venv/bin/python -m libero_eval.schema_doc > config/README.md` (a test
-keeps it in sync). The workflow validates the config against the
+Generated from `src/libero_eval/data/schema.yaml` with each family's parts merged in
+(`src/libero_eval/policy/families/<family>/schema.yaml`; package data: the workflow and the
+package read these files) by `.venv/bin/python -m libero_eval.schema_doc > config/README.md` (a
+test keeps it in sync). The workflow validates the config against the
 schema, fills in the defaults, then checks what a schema cannot (files exist, the stats file
 has the block the normalization needs, `num_frames == num_action_chunks + 1`, ...). Every
 error names the field and the fix.
@@ -82,12 +85,16 @@ def rows(schema: dict[str, Any], prefix: str = "") -> list[str]:
     return lines
 
 
-def render(schema_path: Path) -> str:
-    schema = yaml.safe_load(Path(schema_path).read_text())
+def render(schema_path: Path | None = None) -> str:
+    """config/README.md for the schema file ``schema_path``; None: the config schema with the
+    registered families' parts (the built-in and installed ones)."""
+    if schema_path is None:
+        families.names()  # registered: their parts are in the schema
+        schema = settings_schema.schema()
+    else:
+        schema = yaml.safe_load(Path(schema_path).read_text())
     return HEADER + "\n".join(rows(schema)) + "\n"
 
 
 if __name__ == "__main__":
-    sys.stdout.write(
-        render(Path(sys.argv[1]) if len(sys.argv) > 1 else package_data.path("schema.yaml"))
-    )
+    sys.stdout.write(render(Path(sys.argv[1]) if len(sys.argv) > 1 else None))

@@ -38,17 +38,47 @@ def schema() -> dict[str, Any]:
     return yaml.safe_load(SCHEMA_PATH.read_text(encoding="utf-8"))
 
 
-def add_policy_family(name: str, fragment: dict[str, Any] | None = None) -> None:
+def add_policy_family(
+    name: str, fragment: dict[str, Any] | None = None, reference: dict[str, Any] | None = None
+) -> None:
     """A registered policy family in the schema (``libero_eval.policy.families``): ``name``
-    among ``policy.family``'s choices and, where given, ``fragment`` as its section
-    ``policy.<name>`` (a plugin family's own; the built-in ones are in the file)."""
+    among ``policy.family``'s choices, ``fragment`` (where given) as its section
+    ``policy.<name>``, and ``reference`` (where given: field name -> its schema) as the fields
+    it adds to ``server.reference``, the settings of its part of the reference server. Adding
+    the same family again changes nothing; a ``server.reference`` field another family added
+    is refused."""
     policy = schema()["properties"]["policy"]
     if fragment is not None and name not in policy["properties"]:
         policy["properties"][name] = copy.deepcopy(dict(fragment))
+    known = section("server", "reference")["properties"]
+    for field, spec in (reference or {}).items():
+        owner = _REFERENCE_OWNERS.get(field, name if field not in known else None)
+        if owner != name:
+            raise ValueError(
+                f"family {name!r} adds server.reference.{field}, which "
+                f"{'family ' + repr(owner) if owner else 'the reference server'} has: "
+                "name the family's field otherwise"
+            )
+        _REFERENCE_OWNERS[field] = name
+        known.setdefault(field, copy.deepcopy(dict(spec)))
     choices = policy["properties"]["family"].setdefault("enum", [])
     if name not in choices:
         choices.append(name)
     clear_caches()
+
+
+# server.reference field -> the family that added it (add_policy_family)
+_REFERENCE_OWNERS: dict[str, str] = {}
+
+
+def family_reference_fields(name: str) -> tuple[str, ...]:
+    """The fields family ``name`` added to ``server.reference``, in the schema's order."""
+    return tuple(f for f in fields("server", "reference") if _REFERENCE_OWNERS.get(f) == name)
+
+
+def reference_fields() -> tuple[str, ...]:
+    """The fields of ``server.reference`` no family added: the reference server's own."""
+    return tuple(f for f in fields("server", "reference") if f not in _REFERENCE_OWNERS)
 
 
 def section(*path: str) -> dict[str, Any]:
@@ -148,6 +178,17 @@ def messages(data: Any, node: dict[str, Any], where: str = "", fill: bool = True
     validator = (filling if fill else plain)(node)
     errors = sorted(validator.iter_errors(data), key=lambda e: [str(p) for p in e.absolute_path])
     return list(dict.fromkeys(text for error in errors for text in _messages(error, where)))
+
+
+def shared_errors(data: Mapping[str, Any], *path: str, where: str | None = None) -> list[str]:
+    """Where the fields ``data`` shares with the config object at ``path`` break their
+    subschemas (:func:`messages`, no defaults filled): what a settings object that carries
+    some of a section's fields beside its own (a family's part of the reference server, an
+    adapter's settings) checks of them."""
+    known = section(*path).get("properties", {})
+    shared = {key: value for key, value in data.items() if key in known}
+    node = {"type": "object", "properties": {key: known[key] for key in shared}}
+    return messages(shared, node, ".".join(path) if where is None else where, fill=False)
 
 
 @cache

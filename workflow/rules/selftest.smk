@@ -9,5 +9,7 @@ rule selftest:
         "../envs/libero_eval.yaml"
     params:
         min_success_once=config["selftest"]["min_success_once"],
+        family=config["policy"]["family"],
+        family_modules=config["policy"]["family_modules"],
     script:
         "../scripts/selftest.py"

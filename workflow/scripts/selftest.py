@@ -3,10 +3,13 @@
 import sys
 
 from libero_eval.analysis.selftest import SelfTestFailed, verdict
+from libero_eval.policy import families
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
+families.load_modules(snakemake.params.family_modules)  # the config's own families
 try:
-    message = verdict(snakemake.input.tables, snakemake.params.min_success_once)
+    params = snakemake.params
+    message = verdict(snakemake.input.tables, params.min_success_once, params.family)
 except SelfTestFailed as failure:
     with open(snakemake.log[0], "w") as log:
         print(failure, file=log)

@@ -1,13 +1,15 @@
 """The self-test verdict: did the scripted expert succeed through our action conversion?
 
-The expert plans from privileged state and answers in the model's output space (normalized
-rot6d), so its actions go through exactly the client conversion a Cosmos3 checkpoint's do:
-stats block, de-normalization, rot6d layout and orthonormalization, gripper mapping, chunk
-handling. A wrong convention there drops its success to about zero. For π0.5 the server also
-de-normalizes the state it receives with the model's statistics and compares it with the
-robot's. The expert reads no images; with privileged state on, the reference server checks
-them against its own preprocessing of the raw camera frames and refuses a mismatch, so image
-conventions (180-degree flip, camera order, resize/pad) fail the run loudly instead.
+The expert plans from privileged state and the family's part of the reference server answers
+in the model's output space (its statistics, normalization and action layout), so its actions
+go through exactly the client conversion a checkpoint's do: statistics, de-normalization,
+rotation layout, gripper mapping, chunk handling. A wrong convention there drops its success
+to about zero. A family's part may check more of what it receives (a state de-normalized with
+the model's statistics against the robot's). The expert reads no images; with privileged
+state on, the family's part checks them against its own preprocessing of the raw camera frames
+and refuses a mismatch, so image conventions (180-degree flip, camera order, resize/pad) fail
+the run loudly instead. What to check when it fails is each family's
+(``ReferencePart.selftest_checks``).
 """
 
 from __future__ import annotations
@@ -16,23 +18,23 @@ from pathlib import Path
 
 import pandas as pd
 
+from libero_eval.policy import families
+
 
 class SelfTestFailed(RuntimeError):
     """The expert's success rate fell below the threshold."""
 
 
-CHECKS = (
-    "policy.cosmos3.normalization / action_stats_path (quantile_rot needs the global_raw block)",
-    "rot6d layout: the first two COLUMNS of the rotation matrix",
-    "policy.cosmos3.gripper_mapping: g = 1 is open (LIBERO -1)",
-    "policy.cosmos3.num_action_chunks / num_frames",
-    "π0.5: the checkpoint (policy.pi05.checkpoint or server.sglang.model_path), its "
-    "normalization and lerobot_prompt or discrete_state_input, replan_steps",
-)
+def checks(family: str | None = None) -> tuple[str, ...]:
+    """What to check when the self-test of ``family`` fails (every registered family's, for
+    None), as the families' parts of the reference server name them."""
+    named = families.names() if family is None else (family,)
+    parts = [families.get(name).reference for name in named]
+    return tuple(check for part in parts if part is not None for check in part.selftest_checks)
 
 
-def verdict(summary_tables: Path | str, min_success_once: float) -> str:
-    """A one-line pass message, or SelfTestFailed naming what to check."""
+def verdict(summary_tables: Path | str, min_success_once: float, family: str | None = None) -> str:
+    """A one-line pass message, or SelfTestFailed naming what to check (``family``'s)."""
     table = pd.read_parquet(summary_tables)
     overall = table[table["level"] == "overall"].iloc[0]
     rate, n = float(overall["success_once"]), int(overall["num_trajectories"])
@@ -45,7 +47,7 @@ def verdict(summary_tables: Path | str, min_success_once: float) -> str:
             f"SELF-TEST FAILED: the scripted expert succeeded on {rate:.0%} of {n} episodes "
             f"({per_suite}); the threshold is {min_success_once:.0%}. Its actions take the same "
             "client conversion as the model's, so a convention is wrong. Check:\n  - "
-            + "\n  - ".join(CHECKS)
+            + "\n  - ".join(checks(family))
             + "\nDo not start the GPU run until this passes."
         )
     return f"self-test passed: expert success_once {rate:.0%} of {n} episodes ({per_suite})"

@@ -1,2 +1,2 @@
-"""The CPU reference policy server: SGLang's action API (Cosmos3 and π0.5 forms) over FastAPI,
-its server-side policies (hold, scripted expert) and its image check."""
+"""The CPU reference policy server: one server for every family that brings its part of it
+(``Family.reference``), its server-side policies (hold, scripted expert) and its batch slot."""

@@ -5,10 +5,11 @@ A GPU policy server computes one batch at a time; a batch of n observations take
 ``latency_per_item_s``; both 0 turn the model off and only the serialization stays).
 :class:`BatchSlot` stands in for that GPU. Requests reach it in one of two ways:
 
-- :meth:`BatchSlot.run`: the request is a batch of its own (Cosmos3, whose requests carry up to
-  ``max_batch_size`` observations). Concurrent requests queue and are served one after the
-  other, in arrival order; they are never merged.
-- :meth:`BatchSlot.run_merged`: the request holds one observation (π0.5). SGLang 0.5.23's
+- :meth:`BatchSlot.run`: the request is a batch of its own (a family whose requests carry up
+  to ``max_batch_size`` observations). Concurrent requests queue and are served one after
+  the other, in arrival order; they are never merged.
+- :meth:`BatchSlot.run_merged`: the request holds one observation (a family whose server
+  merges requests itself, its metadata ``batch_inputs: false``). SGLang 0.5.23's
   dynamic batching (``--batching-mode dynamic``, ``--batching-delay-ms 0``) merges the
   requests waiting in its queue into one server batch of at most ``--batching-max-size``.
   Modelled the same way: a request arriving at an idle slot is computed alone at once; the

@@ -1,66 +1,28 @@
-"""The reference server's settings (:class:`ReferenceServerSettings`) and the facts of SGLang
-0.5.23's Cosmos3 action API it serves by: domain names and ids, default raw action dims,
-sampling defaults, response formats, and the policy families it can speak for."""
+"""The reference server's settings (:class:`ReferenceServerSettings`): those of the server
+itself, which every family's part shares (its server policy, the batching and latency model,
+a slow start, the model name it reports), the family it serves, and that family's own settings,
+which the family's part of the server takes (``Family.reference``; its fields of
+``server.reference``; docs/rfcs/0009-family-plug-ins.md). Each is checked against its
+``server.reference`` schema, defaults filled in from it."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from pathlib import Path
-from types import UnionType
+from types import ModuleType, UnionType
 from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from libero_eval import settings_schema
-from libero_eval.policy.families.cosmos3.actions import MODEL_ACTION_DIM, stats_block_for
+from libero_eval.policy import families
 
-ACTION_HORIZON = 16
-LIBERO_DOMAIN_NAME = "libero"
-# SGLang 0.5.23 pipelines_core/stages/model_specific_stages/cosmos3_action.py.
-EMBODIMENT_TO_DOMAIN_ID: dict[str, int] = {
-    "no_action": 0,
-    "av": 1,
-    "camera_pose": 2,
-    "hand_pose": 3,
-    "pusht": 4,
-    "libero": 5,
-    "umi": 6,
-    "bridge_orig_lerobot": 7,
-    "droid_lerobot": 8,
-    "robomind-franka": 8,
-    "galbot": 9,
-    "robomind-franka-dual": 12,
-    "robomind-ur": 13,
-    "agibotworld": 15,
-    "agibot_gear_gripper": 15,
-    "agibot_gear_gripper_ext": 15,
-    "fractal": 20,
-}
-EMBODIMENT_TO_RAW_ACTION_DIM: dict[str, int] = {
-    "av": 9,
-    "camera_pose": 9,
-    "pusht": 2,
-    "umi": 10,
-    "bridge_orig_lerobot": 10,
-    "droid_lerobot": 10,
-    "robomind-franka": 10,
-    "robomind-franka-dual": 20,
-    "robomind-ur": 10,
-    "agibotworld": 29,
-    "fractal": 10,
-}
-LIBERO_DOMAIN_ID = EMBODIMENT_TO_DOMAIN_ID[LIBERO_DOMAIN_NAME]
-# SGLang 0.5.23 configs/sample/cosmos3.py, Cosmos3SamplingParams defaults.
-SUPPORTED_RESOLUTIONS = [[1280, 720], [720, 1280], [832, 480], [480, 832], [1024, 1024], [640, 640]]
-DEFAULT_NUM_INFERENCE_STEPS = 35
-DEFAULT_SEED = 42
-RESPONSE_FORMATS = ("envelope", "raw")
-FAMILIES = ("cosmos3", "pi05")
 # The config's `server.reference` defaults (the schema's): the server's own where it has them.
 CONFIG = settings_schema.defaults("server", "reference")
 FAMILY = settings_schema.default("policy", "family")
+SECTION = ("server", "reference")
 
 
 def _setting(default: Any = MISSING, help: str = "", flag: str | None = None, **kw: Any) -> Any:
@@ -79,21 +41,13 @@ class ReferenceServerSettings:
     :func:`from_arguments`) and the argv the serve job writes (:func:`to_argv`) are derived
     from these fields. The fields of the config's `server.reference` section take their
     defaults from the schema (:data:`CONFIG`), which writes them once (the server runs on its
-    own too, so it has defaults); tests/test_settings_defined_once.py checks them."""
+    own too, so it has defaults); tests/test_settings_defined_once.py checks them. The
+    family's own settings (``family_settings``) are its fields of `server.reference`, built
+    into its part's ``Settings`` (:attr:`family_part_settings`)."""
 
     policy: str = _setting(CONFIG["policy"], f"server policy name (default {CONFIG['policy']})")
-    action_stats_path: Path = _setting(
-        help="Cosmos3 LIBERO action stats JSON", flag="--action-stats"
-    )
-    normalization: str = _setting(
-        CONFIG["normalization"], "quantile_rot (stats block global_raw) or quantile (global)"
-    )
     max_batch_size: int = _setting(
         CONFIG["max_batch_size"], "largest batch computed at once, like --batching-max-size"
-    )
-    padded_action_dim: int = _setting(
-        CONFIG["padded_action_dim"],
-        f"channels per action row, zero-padded beyond {MODEL_ACTION_DIM}",
     )
     latency_fixed_s: float = _setting(
         CONFIG["latency_fixed_s"], "latency model: fixed seconds per batch"
@@ -106,13 +60,17 @@ class ReferenceServerSettings:
     )
     # None: reference-<policy>, as the serve job names it
     model_name: str | None = _setting(None, "reported model name (default reference-<policy>)")
-    # or "pi05": SGLang's π0.5 API (policy/families/pi05/reference.py)
     family: str = _setting(
-        FAMILY, f"model family whose SGLang API to serve (default {FAMILY}, policy.family's)"
+        FAMILY, f"policy family whose API to serve (default {FAMILY}, policy.family's)"
     )
-    # π0.5: the model's own statistics
-    norm_stats_path: Path | None = _setting(
-        None, "π0.5: the model's statistics file", flag="--norm-stats"
+    # None: a built-in or installed family (the registry finds it)
+    family_module: str | None = _setting(
+        None, "the module that registers the family (one of policy.family_modules)"
+    )
+    family_settings: Mapping[str, Any] = _setting(
+        help="JSON object of the family's own settings (its fields of server.reference; "
+        "default {}: the schema's defaults)",
+        default_factory=dict,
     )
     policy_kwargs: Mapping[str, Any] = _setting(
         help="JSON object of keyword arguments for the policy constructor (default {})",
@@ -120,25 +78,50 @@ class ReferenceServerSettings:
     )
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "action_stats_path", Path(self.action_stats_path))
         if self.model_name is None:
             object.__setattr__(self, "model_name", f"reference-{self.policy}")
-        if self.family not in FAMILIES:
-            raise ValueError(f"family must be one of {list(FAMILIES)}, got {self.family!r}")
-        if self.family == "pi05" and self.norm_stats_path is None:
-            raise ValueError("family pi05 needs norm_stats_path (the model's own statistics)")
-        stats_block_for(self.normalization)  # raises for unknown names
-        if self.max_batch_size < 1:
-            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
-        if self.padded_action_dim < MODEL_ACTION_DIM:
-            raise ValueError(
-                f"padded_action_dim must be >= {MODEL_ACTION_DIM} (the LIBERO model action has "
-                f"{MODEL_ACTION_DIM} channels), got {self.padded_action_dim}"
-            )
-        for name in ("latency_fixed_s", "latency_per_item_s", "startup_delay_s"):
-            value = getattr(self, name)
-            if not (math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number >= 0 seconds, got {value}")
+        # `policy` is any registered server policy (reference/policies, checked when the
+        # server is made); the config's schema lists those it ships
+        checked = set(settings_schema.reference_fields()) - {"policy"}
+        _raise_schema_errors({name: getattr(self, name) for name in checked})
+        part = families.reference_server(self.family, self.family_module)
+        built = family_settings(part.Settings, self.family, self.family_settings)
+        object.__setattr__(self, "_family_part", (part, built))
+
+    @property
+    def family_part(self) -> ModuleType:
+        """The family's part of the server (``Family.reference.module``)."""
+        return self._family_part[0]  # type: ignore[attr-defined]
+
+    @property
+    def family_part_settings(self) -> Any:
+        """The family's own settings, its part's ``Settings`` built from ``family_settings``."""
+        return self._family_part[1]  # type: ignore[attr-defined]
+
+
+def family_settings(cls: type, family: str, values: Mapping[str, Any]) -> Any:
+    """The family part's settings dataclass ``cls`` from ``values`` (its fields of
+    `server.reference`; a path may be a ``Path``), checked against their schema, each field
+    left out at its schema default."""
+    given = dataclasses.asdict(values) if dataclasses.is_dataclass(values) else dict(values)
+    given = {k: str(v) if isinstance(v, Path) else v for k, v in given.items()}
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(set(given) - names)
+    if unknown:
+        raise ValueError(
+            f"family_settings: {unknown} are not settings of family {family!r}'s part of the "
+            f"reference server; its settings are {sorted(names)}"
+        )
+    _raise_schema_errors(given)
+    return settings_schema.build(cls, *SECTION, **given)
+
+
+def _raise_schema_errors(values: Mapping[str, Any]) -> None:
+    """``ValueError`` naming each value that breaks its `server.reference` schema."""
+    as_config = {k: str(v) if isinstance(v, Path) else v for k, v in values.items()}
+    errors = settings_schema.shared_errors(as_config, *SECTION)
+    if errors:
+        raise ValueError("; ".join(errors))
 
 
 def flag_of(setting: Field) -> str:
@@ -170,8 +153,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                 kwargs["required"] = True
             else:
                 kwargs["default"] = setting.default
-        if setting.name == "family":
-            kwargs["choices"] = FAMILIES
         parser.add_argument(flag_of(setting), **kwargs)
 
 

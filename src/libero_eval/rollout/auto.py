@@ -21,13 +21,14 @@ times about their median.
 - Dispatch at a merging server (`rollout.merged_dispatch: auto`): the model of this shard
   (its envs stepping their measured times, its server's latency model) run both ways,
   `batches` and `as_ready`; as_ready unless batches give more than 2% more (`NEAR_TIE`).
-  In the model as_ready never costs more than 2%, and gains 10-28% where the envs come back
-  just as the server frees up; measured, it gained 10-16% on one H200 (π0.5 openpi and
-  LeRobot, 32 envs), and on the CPU cell a shard that chose it ran at 98% of the probe (an
-  earlier run of that cell with as_ready set gave 78% against 93% with batches, a loss the
-  model does not hold; docs/performance.md, "The start overlapped").
+  In the model as_ready never costs more than 2%, and gains 10-28% where the envs come back just
+  as the server frees up; measured, it gained 10-16% on one H200 (a merging server with openpi
+  and LeRobot checkpoints, 32 envs), and on the CPU cell a shard that chose it ran at 98% of the
+  probe (an earlier run of that cell with as_ready set gave 78% against 93% with batches, a loss
+  the model does not hold; docs/performance.md, "The start overlapped").
 
-Both choices change timing only, never an episode (tests/test_pi05_libero.py).
+Both choices change timing only, never an episode (the merging server's shard tests run one
+alone, merged, as_ready and auto and compare their episodes).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ from libero_eval.rollout.dispatch_model import simulate
 MARGIN = 0.85  # the envs must bring a batch within this part of the server's batch time
 EGL_MIB_PER_ENV = 552  # GPU memory of one env's renderer (docs/performance.md, one H200)
 # The renderers' part of the GPU when the server's is not set (server.sglang.gpu_memory_cap_gib):
-# SGLang's Cosmos3 keeps its weights resident only with 120 GiB free at its start, 86% of an
-# H200's 140 (rollout/startup.py); 14% is 19.6 GiB there, 36 envs.
+# the most free memory a served model's SGLang pipeline asks for to keep its weights resident,
+# 120 GiB at its start (the family package cites its pipeline config), is 86% of an H200's 140
+# (rollout/startup.py); 14% is 19.6 GiB there, 36 envs.
 RENDER_GPU_SHARE = 0.14
 
 

@@ -19,16 +19,16 @@ So a straggler joins the next batch of its prompt instead of travelling alone, a
 envs cannot settle into a pattern of 7 + 1. With `max_batch` 1 every observation is a full
 batch and leaves at once.
 
-A server that merges requests itself (π0.5 on SGLang, one observation a request, merged up to
-its `--batching-max-size`, here `max_batch`) starts its next batch with every request queued
-when the current one ends. With `as_ready` (`rollout.merged_dispatch: as_ready`), while it is
-busy a ready observation leaves at once to wait in the server's queue, where it joins the next
-batch, rather than in the shard's, where it would miss it; only an idle server's partial batch
-waits (`hold_s`) for its siblings, so that a batch does not start with the first of them. The
-slots then count observations: `max_inflight` batches' worth at the server at once. Where the
-envs are about as slow as the server this starts batches with the first observation of a
-group, and the default (a batch at once, a partial one when the server is expected to finish)
-does better (docs/performance.md, "The merging dispatch").
+A server that merges requests itself (SGLang's dynamic batching: one observation a request,
+merged up to its `--batching-max-size`, here `max_batch`) starts its next batch with every
+request queued when the current one ends. With `as_ready` (`rollout.merged_dispatch: as_ready`),
+while it is busy a ready observation leaves at once to wait in the server's queue, where it
+joins the next batch, rather than in the shard's, where it would miss it; only an idle server's
+partial batch waits (`hold_s`) for its siblings, so that a batch does not start with the first
+of them. The slots then count observations: `max_inflight` batches' worth at the server at once.
+Where the envs are about as slow as the server this starts batches with the first observation
+of a group, and the default (a batch at once, a partial one when the server is expected to
+finish) does better (docs/performance.md, "The merging dispatch").
 
 The class is pure: the runner tells it what happened and when (`now`), and asks what is due.
 Nothing here sleeps or reads a clock, so tests drive it with plain numbers.

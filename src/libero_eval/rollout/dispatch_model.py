@@ -2,13 +2,13 @@
 
 The model runs the real `dispatch.Dispatcher` against envs that take a given time to step a
 query and a server that computes one batch at a time in `LatencyModel.seconds(n)`. A server
-that merges one-observation requests (π0.5 on SGLang) starts its next batch with every request
-queued when it is free, up to its batch size (SGLang's dynamic batching; the reference
-server's `reference/batching.py`); one that does not (Cosmos3) computes one request of up to
-its batch, of one prompt, at a time. It is pure: no clock, no process, plain numbers in and
-out, so a shard can run it on its own measurements to choose its dispatch and env count
-(`rollout.auto`), and tests can check it against what was measured on real runs
-(docs/rfcs/0008-dispatch.md, "auto").
+that merges one-observation requests (SGLang's dynamic batching, a family whose metadata says
+``batch_inputs: false``) starts its next batch with every request queued when it is free, up
+to its batch size (the reference server's `reference/batching.py` too); one that does not
+computes one request of up to its batch, of one prompt, at a time. It is pure: no clock, no
+process, plain numbers in and out, so a shard can run it on its own measurements to choose
+its dispatch and env count (`rollout.auto`), and tests can check it against what was measured
+on real runs (docs/rfcs/0008-dispatch.md, "auto").
 """
 
 from __future__ import annotations

@@ -22,11 +22,12 @@ What the start minds:
 - The GPU: env workers rendering on the server's GPU create their EGL contexts (552 MiB
   each, docs/performance.md "Memory and time per env on the GPU") while the server starts.
   SGLang 0.5.23 reads the GPU's free memory once at its start to choose where its weights
-  live (`runtime/server_args/auto_tune.py`, `_get_min_available_device_memory_gb`): Cosmos3
-  keeps its DiT and VAE resident only with 120 GiB free (90 for Nano;
-  `configs/pipeline_configs/cosmos3.py`, `keep_resident_min_available_gb`), π0.5 declares no
-  such threshold. Renderers starting first leave it less: 16 envs (8.6 GiB) leave 131 GiB of
-  an H200's 140, about 38 would cross Cosmos3's line (its server then offloads: its log says
+  live (`runtime/server_args/auto_tune.py`, `_get_min_available_device_memory_gb`): a model
+  whose pipeline config sets `keep_resident_min_available_gb` keeps its weights resident only
+  with that much free (120 GiB at the most among the built-in families; each family package
+  cites its own), one that sets none keeps them whatever is free. Renderers starting first
+  leave it less: 16 envs (8.6 GiB) leave 131 GiB of an H200's 140, about 38 would cross the
+  120 GiB line (that server then offloads: its log says
   "Auto memory policy ... selects layerwise offload" instead of "Disabling component
   offload ... because minimum available memory ... is"). With
   `rollout.total_num_envs: auto` the envs a shard starts stay within its render budget
@@ -65,7 +66,7 @@ class ServerInfo:
     @property
     def server_batch(self) -> int:
         """The batch the server computes: larger than a request's where it merges requests
-        itself (π0.5 on SGLang: its --batching-max-size, from the probe)."""
+        itself (SGLang's dynamic batching: its --batching-max-size, from the probe)."""
         return max(self.max_batch, int((self.capacity or {}).get("max_batch_size", 1)))
 
 

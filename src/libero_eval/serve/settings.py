@@ -110,8 +110,8 @@ def names_a_model(settings: SglangServerSettings, where: str) -> str | None:
     config whose backend is not sglang)."""
     if settings.model_path is None:
         return (
-            f"{where}.model_path: required with server.backend sglang (Cosmos3: the "
-            "model_diffusers/ directory; π0.5: the checkpoint directory)"
+            f"{where}.model_path: required with server.backend sglang (the directory "
+            "`sglang serve --model-path` loads: the checkpoint's diffusers directory)"
         )
     return None
 

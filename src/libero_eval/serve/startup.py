@@ -11,16 +11,17 @@ went, in lines whose text and timestamp SGLang 0.5.23 writes (each cited below, 
   composed_pipeline_base.py` ``ComposedPipelineBase.__init__``): the scheduler's worker
   process spawned, its imports, the device and torch.distributed set up;
 - ``weights``: to "Pipeline instantiated" (`runtime/pipelines_core/__init__.py`
-  ``build_pipeline``): the model's modules and weights loaded (π0.5:
-  ``Pi05PolicyModel.from_pretrained``, "Pi05 weights loaded successfully"; Cosmos3: one
-  "Loaded <component>" line per component) and the pipeline's stages built;
+  ``build_pipeline``): the model's modules and weights loaded (as the model's own loader
+  logs them: one line per component, or one for a policy model) and the pipeline's stages
+  built;
 - ``http_start``: to uvicorn's "Uvicorn running on ..." (`runtime/launch_server.py`
   ``launch_http_server_only``): the scheduler loop started, the HTTP server up;
 - ``warmup``: to "The server is fired up and ready to roll!" (`runtime/entrypoints/
   http_server.py` ``_run_server_warmup_after_http_live``): SGLang's own synthetic warm-up
   request, run where its ``warmup_mode`` is "server" and the task is visual generation
-  (`runtime/warmup_request_builder.py` ``supports_synthetic_warmup``; Cosmos3 at SGLang's
-  default size, 832x480x17 frames). π0.5 (``VLA_ACTION``) has none: the part is absent;
+  (`runtime/warmup_request_builder.py` ``supports_synthetic_warmup``; at the request shape a
+  family gives, ``Family.sglang_warmup``, else SGLang's default). A VLA action pipeline
+  (``VLA_ACTION``) has none: the part is absent;
 - ``health``: from the last of those lines to ``healthy`` (SGLang's ``/health`` turns 200 once
   its warm-up is done; plus the serve job's poll interval).
 
@@ -33,7 +34,7 @@ server`, `server.reference.startup_delay_s`) logs "start-up delay: <s> s" when i
 slow start ends: that gives ``startup_delay``.
 
 The serve job adds what it measures itself: ``cuda_graphs`` (the capacity probe's graph
-warm-up, `libero_eval.policy.capacity`) and ``probe``. The CUDA graphs SGLang's π0.5 pipeline
+warm-up, `libero_eval.policy.capacity`) and ``probe``. The CUDA graphs SGLang's VLA pipeline
 captured (``Captured VLA denoise CUDA graph: batch=N ...``, `runtime/vla/cuda_graph.py`
 ``VLADenoiseGraphRunner._capture``) are read by :func:`denoise_graphs_captured`.
 """

@@ -2,9 +2,12 @@
 
 It brings its adapter (below), its settings section (``schema.yaml`` beside this file,
 ``policy.toyvla``), its own HTTP server (``server.py``: ``POST /toy/act`` with JSON, ready at
-``GET /toy/ready``, no metadata) and a config (``config.yaml``). A run registers it the way a
-user registers theirs: ``policy.family_modules: [toyvla]`` with this folder's parent on
-``PYTHONPATH``, and ``server.backend: family`` starts its server.
+``GET /toy/ready``, no metadata), its part of the CPU reference server
+(``reference_server.py``: the same routes, answered by the reference server's policy) and a
+config (``config.yaml``). A run registers it the way a user registers theirs:
+``policy.family_modules: [toyvla]`` with this folder's parent on ``PYTHONPATH``;
+``server.backend: family`` starts its own server, ``server.backend: reference`` the reference
+server with its part.
 
 The server answers every observation with ``chunk`` LIBERO actions that hold the arm still,
 the gripper open or closed, and marks its answers ``"server": "toyvla"``; the adapter refuses
@@ -22,7 +25,7 @@ import yaml
 from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.endpoint import ConnectionSpec
 from libero_eval.policy.errors import PolicyResponseError
-from libero_eval.policy.families import Family, FamilyServer
+from libero_eval.policy.families import Family, FamilyServer, ReferencePart
 
 SCHEMA = yaml.safe_load((Path(__file__).with_name("schema.yaml")).read_text(encoding="utf-8"))
 ACT_PATH, READY_PATH = "/toy/act", "/toy/ready"
@@ -81,16 +84,30 @@ def endpoint(url: str, settings: dict[str, Any]) -> ConnectionSpec:
     )
 
 
+def reference_outcome(config: dict[str, Any]) -> dict[str, Any]:
+    """The reference server's part of the fingerprint: its policy decides the actions."""
+    return {
+        "backend": "reference",
+        "family": "toyvla",
+        "policy": config["server"]["reference"]["policy"],
+    }
+
+
 FAMILY = Family(
     name="toyvla",
     title="toyvla",
     adapter=ToyVlaAdapter,
     endpoint=endpoint,
-    backends=("family",),
+    backends=("family", "reference"),
     example_config="tests/families/toyvla/config.yaml",
     schema=SCHEMA,
     server=FamilyServer(
         command=("{python}", "-m", "toyvla.server", "--host", "{host}", "--port", "{port}"),
         health_path=READY_PATH,
+    ),
+    reference=ReferencePart(
+        module="toyvla.reference_server",
+        outcome=reference_outcome,
+        selftest_checks=("policy.toyvla.chunk: the actions the server answers per observation",),
     ),
 )

@@ -44,15 +44,32 @@ def test_a_family_of_its_own_runs_end_to_end_through_the_server_it_brings(
     assert "toyvla: listening on 127.0.0.1:" in log
 
 
-def test_the_self_test_server_is_refused_for_a_family_it_cannot_serve(tmp_path, toyvla_importable):
+def test_the_reference_server_serves_it_through_its_part(tmp_path, toyvla_importable):
+    """toyvla lists `reference` too: the serve job starts the reference server, which finds
+    toyvla's part of it by the module the config names (reference_server.py beside this
+    file) and answers toyvla's requests with its own policy (`hold`)."""
     workdir = workflow_dir(tmp_path / "work")
     overlay = tmp_path / "reference.yaml"
-    overlay.write_text("server: {backend: reference}\n")
+    overlay.write_text("server: {backend: reference, reference: {policy: hold}}\n")
+    run = run_workflow(workdir, CONFIG, str(overlay))
+    assert run.returncode == 0, run.stderr[-3000:]
+    episodes = pd.read_parquet(workdir / "results" / "toyvla" / "summary" / "episodes.parquet")
+    assert len(episodes) == 2 and episodes["error"].isna().all(), episodes["error"].tolist()
+    assert (episodes["policy_calls"] == 2).all()
+    log = (workdir / "logs" / "toyvla" / "serve" / "slot0.log").read_text()
+    assert "libero_eval.reference.server" in log and "toyvla: listening" not in log
+    assert "server policy 'hold' ready" in log
+
+
+def test_a_backend_it_does_not_list_is_refused(tmp_path, toyvla_importable):
+    workdir = workflow_dir(tmp_path / "work")
+    overlay = tmp_path / "sglang.yaml"
+    overlay.write_text("server: {backend: sglang}\n")
     run = run_workflow(workdir, CONFIG, str(overlay), "-n")
     assert run.returncode != 0
     assert (
-        "server.backend reference does not serve policy.family toyvla (toyvla), which is "
-        "served by family" in run.stdout + run.stderr
+        "server.backend sglang does not serve policy.family toyvla (toyvla), which is "
+        "served by family, reference" in run.stdout + run.stderr
     )
 
 

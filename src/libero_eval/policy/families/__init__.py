@@ -3,10 +3,11 @@
 A family is a package that defines ``FAMILY``, a :class:`Family`: its adapter and math, its
 endpoint (a :class:`~libero_eval.policy.endpoint.ConnectionSpec` from its settings), the
 server backends that serve it and, where it has them, its own server command, its part of the
-reference server's settings and of the rollout fingerprint, and its older-layout upgrade. Its
-settings are the config section ``policy.<name>`` (``Family.schema``, merged into the config
-schema when the family is registered; the built-in families' sections are in
-``data/schema.yaml``), and ``policy.family``'s choices are the registered families.
+reference server (:class:`ReferencePart`: its routes, settings and part of the rollout
+fingerprint), and its older-layout upgrade. Its settings are the config section
+``policy.<name>`` (``Family.schema``, merged into the config schema when the family is
+registered; a built-in family's is the ``schema.yaml`` of its package, :func:`load_schema`),
+and ``policy.family``'s choices are the registered families.
 
 Families are found three ways, none of which adds a line here:
 
@@ -16,8 +17,9 @@ Families are found three ways, none of which adds a line here:
 - the modules a config lists in ``policy.family_modules`` (importable names: an installed
   package, or one on ``PYTHONPATH``), imported before the config is validated.
 
-``config``, ``policy.connection``, ``serve/``, ``rollout/`` and ``report/`` name no family;
-they ask this registry (docs/design.md, "Adding a policy family").
+``config``, ``policy.connection``, ``reference/``, ``serve/``, ``rollout/``, ``report/`` and the
+self-test name no family; they ask this registry (docs/design.md, "Adding a policy family";
+docs/rfcs/0009-family-plug-ins.md).
 """
 
 from __future__ import annotations
@@ -27,9 +29,13 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import resources
 from importlib.metadata import entry_points
 from pathlib import Path
+from types import ModuleType
 from typing import Any
+
+import yaml
 
 from libero_eval import package_data, settings_schema
 from libero_eval.policy.adapter import Observation, PolicyAdapter
@@ -52,6 +58,32 @@ class FamilyServer:
 
 
 @dataclass(frozen=True)
+class ReferencePart:
+    """A family's part of the CPU reference server (``server.backend: reference``, the
+    self-test's server), which then serves it.
+
+    - ``module``: the importable name of its server part, imported by the reference server
+      alone (it defines ``Settings`` and ``add_routes(app, host, settings)``;
+      :mod:`libero_eval.policy.reference_host` says what the server hands it).
+    - ``outcome``: ``config -> the reference server's part of the rollout fingerprint``.
+    - ``settings``: ``config -> the values of its Settings`` as the server takes them, where
+      the whole config decides one (a checkpoint's own statistics); None: its fields of
+      ``server.reference`` as the config gives them.
+    - ``schema``: the fields it adds to ``server.reference`` (field -> its schema), merged
+      into the config schema at registration; None: none, or merged already
+      (:func:`load_schema`).
+    - ``selftest_checks``: what to check when the self-test fails for this family (its
+      conventions that the scripted expert's answers go through), named by the verdict.
+    """
+
+    module: str
+    outcome: Callable[[dict[str, Any]], dict[str, Any]]
+    settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    schema: Mapping[str, Any] | None = None
+    selftest_checks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class Family:
     """One model family, as its package declares it (``FAMILY = Family(...)``).
 
@@ -63,16 +95,16 @@ class Family:
     - ``backends``: the ``server.backend`` values that can serve it.
     - ``example_config``: a ready config, named in messages.
     - ``schema``: its ``policy.<name>`` section (a JSON-schema mapping), merged into the
-      config schema at registration; None where the package's schema already has it.
+      config schema at registration; None where it is there already (a built-in family's
+      package merges its ``schema.yaml`` when imported, :func:`load_schema`).
     - ``server``: its own server (``server.backend: family``), or None.
     - ``settings``: ``config -> policy.<name>`` as the adapter takes it, where the whole
       config decides a field (π0.5's checkpoint); None takes the section as it is.
     - ``upgrade``: ``policy -> messages``: an older layout moved into ``policy.<name>`` before
       validation (raises ``ValueError`` where it cannot be); None when there is none.
-    - ``reference_settings``: ``(config, server.reference) -> the reference server's
-      settings`` for this family's forms; None: the reference server does not serve it.
-    - ``reference_outcome``: ``config -> the reference server's part of the rollout
-      fingerprint`` (with ``reference_settings``).
+    - ``reference``: its part of the reference server (:class:`ReferencePart`), given
+      exactly when ``backends`` lists ``reference``; None: the reference server does not
+      serve it.
     - ``statistics_field``: the field a bad statistics file is reported under.
     - ``graph_batches``: ``config -> merged batch sizes`` whose CUDA graphs the run's server
       keys by batch size alone and keeps, which the capacity probe sends once each before
@@ -92,8 +124,7 @@ class Family:
     server: FamilyServer | None = None
     settings: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     upgrade: Callable[[dict[str, Any]], list[str]] | None = None
-    reference_settings: Callable[[dict[str, Any], dict[str, Any]], dict[str, Any]] | None = None
-    reference_outcome: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    reference: ReferencePart | None = None
     statistics_field: str | None = None
     graph_batches: Callable[[dict[str, Any]], tuple[int, ...]] | None = None
     sglang_warmup: Callable[[dict[str, Any]], tuple[str, ...]] | None = None
@@ -109,9 +140,16 @@ class Family:
                 f"family {self.name!r}: server.backend 'family' runs the family's own server: "
                 "list it in backends exactly when Family.server is given"
             )
+        if ("reference" in self.backends) != (self.reference is not None):
+            raise ValueError(
+                f"family {self.name!r}: server.backend 'reference' runs the reference server "
+                "with the family's part of it: list it in backends exactly when "
+                "Family.reference is given"
+            )
 
 
 _REGISTRY: dict[str, Family] = {}
+_MODULES: dict[str, str] = {}  # family -> the module whose FAMILY registered it
 _discovered = False
 
 
@@ -133,9 +171,22 @@ def register(family: Family, source: str = "") -> Family:
             f"family {family.name!r} ({source or family.adapter.__module__}) has no settings "
             f"section: give Family.schema, the schema of policy.{family.name}"
         )
-    settings_schema.add_policy_family(family.name, family.schema)
+    reference = family.reference.schema if family.reference is not None else None
+    settings_schema.add_policy_family(family.name, family.schema, reference)
     _REGISTRY[family.name] = family
     return family
+
+
+def load_schema(package: str, name: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The ``schema.yaml`` of family package ``package`` (package data beside its
+    ``__init__``: ``policy``, the section ``policy.<name>``, and optionally ``reference``, the
+    fields it adds to ``server.reference``), merged into the config schema now, so that the
+    family's own modules read their fields, defaults and choices through
+    :mod:`libero_eval.settings_schema` while the package is imported, before it registers."""
+    text = resources.files(package).joinpath("schema.yaml").read_text(encoding="utf-8")
+    parts = yaml.safe_load(text)
+    settings_schema.add_policy_family(name, parts["policy"], parts.get("reference"))
+    return parts["policy"], parts.get("reference")
 
 
 def _register_module(module_name: str, source: str) -> None:
@@ -153,6 +204,7 @@ def _register_module(module_name: str, source: str) -> None:
             "FAMILY = libero_eval.policy.families.Family(...) in its __init__.py"
         )
     register(entry, f"{source} {module_name!r}")
+    _MODULES.setdefault(entry.name, module_name)
 
 
 def _discover() -> None:
@@ -209,6 +261,35 @@ def get(name: Any) -> Family:
         ) from None
 
 
+def module_of(name: str) -> str | None:
+    """The module whose ``FAMILY`` registered family ``name``: importing it registers the
+    family again in another process (the reference server's); None for one registered
+    otherwise (:func:`register` called directly)."""
+    get(name)
+    return _MODULES.get(name)
+
+
+def reference_server(name: str, module: str | None = None) -> ModuleType:
+    """The reference-server part of family ``name`` (``ReferencePart.module``, imported now),
+    after importing ``module``, the module that registers the family, where one is given."""
+    if module:
+        load_modules([module])
+    family = get(name)
+    if family.reference is None:
+        raise ValueError(
+            f"the reference server does not serve policy.family {name!r} ({family.title}): the "
+            "family gives no Family.reference; it is served by " + ", ".join(family.backends)
+        )
+    part = importlib.import_module(family.reference.module)
+    missing = [what for what in ("Settings", "add_routes") if not hasattr(part, what)]
+    if missing:
+        raise ValueError(
+            f"family {name!r}: its reference-server part {family.reference.module!r} lacks "
+            f"{', '.join(missing)} (libero_eval.policy.reference_host says what it defines)"
+        )
+    return part
+
+
 def make_adapter(family: str, settings: dict[str, Any]) -> PolicyAdapter:
     """Instantiate the adapter registered for ``family`` (``policy.family``) with ``settings``."""
     return get(family).adapter(settings)
@@ -241,14 +322,18 @@ __all__ = [
     "ENTRY_POINT_GROUP",
     "Family",
     "FamilyServer",
+    "ReferencePart",
     "Observation",
     "PolicyAdapter",
     "connection_spec",
     "get",
     "load_config_modules",
     "load_modules",
+    "load_schema",
     "make_adapter",
+    "module_of",
     "names",
+    "reference_server",
     "register",
     "statistics_sha256",
 ]

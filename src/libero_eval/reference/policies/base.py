@@ -3,20 +3,15 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 import numpy as np
 
+# One observation of a request as a family's part of the server parsed it (re-exported here,
+# where the policies take it).
+from libero_eval.policy.reference_host import PolicyItem
 
-@dataclass(frozen=True)
-class PolicyItem:
-    """One observation of a batched request, as the reference server parsed it."""
-
-    image: np.ndarray  # uint8 [H, W, 3], exactly the pixels the client sent
-    prompt: str
-    privileged_state: dict[str, Any] | None = None  # input.privileged_state[i]; ours only
-    seed: int | None = None  # the request's parameters.seed (SGLang's default 42 if unset)
+__all__ = ["PolicyItem", "ServerPolicy"]
 
 
 class ServerPolicy(ABC):
@@ -24,8 +19,8 @@ class ServerPolicy(ABC):
 
     ``act`` gets the items of one request and returns one LIBERO action chunk per item:
     ``float[action_horizon, 7] = [dx, dy, dz, ax, ay, az, gripper]`` with an axis-angle
-    rotation delta and gripper -1 open / +1 close. The server normalizes the chunks into the
-    model's 10-channel form. ``act`` runs in a worker thread, one request at a time.
+    rotation delta and gripper -1 open / +1 close. The family's part of the server puts the
+    chunks into its model's form. ``act`` runs in a worker thread, one batch at a time.
     """
 
     name: ClassVar[str]

@@ -1,8 +1,18 @@
 """Cosmos3 on SGLang's action API (LIBERO domain): the family as one package.
 
 ``adapter`` (requests, answers, statistics, whole-config check), ``actions`` (the action
-math), ``reference_requests`` / ``reference_responses`` (the reference server's Cosmos3
-forms); here: its endpoint, its older layout and its reference-server settings.
+math), ``schema`` (its parts of the config schema, ``schema.yaml``), its part of the reference
+server: ``reference_server`` (routes), ``reference_requests`` / ``reference_responses`` (its
+forms), ``sglang_api`` (the facts of SGLang's Cosmos3 API they follow); here: its endpoint,
+its older layout, and its reference server's settings and fingerprint part.
+
+On SGLang 0.5.23 (what the serve and rollout sides read of a server's start without naming the
+family): Cosmos3 keeps its DiT and VAE resident only with 120 GiB of GPU memory free at its
+start (90 for Nano; ``configs/pipeline_configs/cosmos3.py``, ``keep_resident_min_available_gb``),
+the line the render budget of ``rollout.total_num_envs: auto`` leaves free
+(``rollout.auto.RENDER_GPU_SHARE``); its weights load with one "Loaded <component>" line per
+component; its synthetic warm-up runs at SGLang's default 832x480x17 frames unless
+:func:`sglang_warmup` gives the run's shape.
 """
 
 from __future__ import annotations
@@ -11,10 +21,11 @@ from typing import Any
 
 from libero_eval import package_data, settings_schema
 from libero_eval.policy.endpoint import ConnectionSpec
-from libero_eval.policy.families import Family, statistics_sha256
+from libero_eval.policy.families import Family, ReferencePart, statistics_sha256
 from libero_eval.policy.families.cosmos3.adapter import Cosmos3Adapter
+from libero_eval.policy.families.cosmos3.settings import CHOICES, FIELDS
 
-TRANSPORTS = settings_schema.choices("policy", "cosmos3")["transport"]
+TRANSPORTS = CHOICES["transport"]
 
 
 def endpoint(url: str, settings: dict[str, Any]) -> ConnectionSpec:
@@ -31,7 +42,7 @@ def upgrade(policy: dict[str, Any]) -> list[str]:
     """Cosmos3 fields written directly under ``policy`` (the layout before issue 21) moved to
     ``policy.cosmos3``; where both are set, the old key (e.g. from an overlay written for the
     old layout) wins. Another family's config with them is refused."""
-    old_layout = [key for key in settings_schema.fields("policy", "cosmos3") if key in policy]
+    old_layout = [key for key in FIELDS if key in policy]
     if not old_layout:
         return []
     family = policy.get("family", settings_schema.default("policy", "family"))
@@ -54,12 +65,6 @@ def upgrade(policy: dict[str, Any]) -> list[str]:
         "live under policy.cosmos3 (like π0.5's under policy.pi05): move them there (an old "
         "key overrides its policy.cosmos3 twin)"
     ]
-
-
-def reference_settings(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
-    """The reference server's Cosmos3 settings: its own statistics and normalization
-    (server.reference); norm_stats_path is π0.5's only."""
-    return {key: value for key, value in reference.items() if key != "norm_stats_path"}
 
 
 def reference_outcome(config: dict[str, Any]) -> dict[str, Any]:
@@ -99,8 +104,17 @@ FAMILY = Family(
     backends=("reference", "sglang"),
     example_config="config/config.yaml",
     upgrade=upgrade,
-    reference_settings=reference_settings,
-    reference_outcome=reference_outcome,
+    reference=ReferencePart(
+        module="libero_eval.policy.families.cosmos3.reference_server",
+        outcome=reference_outcome,
+        selftest_checks=(
+            "policy.cosmos3.normalization / action_stats_path (quantile_rot needs the "
+            "global_raw block)",
+            "rot6d layout: the first two COLUMNS of the rotation matrix",
+            "policy.cosmos3.gripper_mapping: g = 1 is open (LIBERO -1)",
+            "policy.cosmos3.num_action_chunks / num_frames",
+        ),
+    ),
     statistics_field="policy.cosmos3.action_stats_path",
     sglang_warmup=sglang_warmup,
 )

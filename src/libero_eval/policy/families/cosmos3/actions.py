@@ -22,11 +22,12 @@ from typing import Literal
 import numpy as np
 from PIL import Image
 
-from libero_eval import package_data, settings_schema
+from libero_eval import package_data
+from libero_eval.policy.families.cosmos3.settings import DEFAULTS
 
 MODEL_ACTION_DIM = 10
 # policy.cosmos3's defaults (the schema's), for callers that give no value
-COSMOS3 = settings_schema.defaults("policy", "cosmos3")
+COSMOS3 = DEFAULTS
 LIBERO_ACTION_DIM = 7
 NORMALIZATION_BLOCKS = {"quantile_rot": "global_raw", "quantile": "global"}
 ORTHONORMALIZATIONS = ("gram_schmidt", "svd")

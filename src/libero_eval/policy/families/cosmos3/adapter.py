@@ -24,6 +24,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import io
+import math
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,38 +35,12 @@ import libero_eval.policy.families.cosmos3.actions as action_math
 from libero_eval import package_data, settings_schema
 from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.errors import PolicyResponseError
+from libero_eval.policy.families.cosmos3.settings import CHOICES, PATH
+from libero_eval.policy.families.cosmos3.settings import FIELDS as POLICY_FIELDS
 
-# Every `policy.cosmos3.*` field, as src/libero_eval/data/schema.yaml lists them (once); all but
-# guidance_scale are required.
-POLICY_FIELDS = settings_schema.fields("policy", "cosmos3")
+# Every `policy.cosmos3.*` field (its schema.yaml lists them, once) but guidance_scale is required.
 REQUIRED_SETTINGS = tuple(key for key in POLICY_FIELDS if key != "guidance_scale")
-# the fields restricted to a list of values, as the schema (data/schema.yaml) lists them (once); the
-# action math's own lists must agree (tests/test_settings_defined_once.py)
-CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices("policy", "cosmos3")
-
-
-def _setting_int(settings: dict[str, Any], key: str, minimum: int) -> int:
-    value = settings[key]
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"policy.cosmos3.{key} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _setting_float(settings: dict[str, Any], key: str) -> float:
-    value = settings[key]
-    if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
-        raise ValueError(f"policy.cosmos3.{key} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _setting_str(settings: dict[str, Any], key: str) -> str:
-    value = settings[key]
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"policy.cosmos3.{key} must be a non-empty string, got {value!r}")
-    allowed = CHOICES.get(key)
-    if allowed is not None and value not in allowed:
-        raise ValueError(f"policy.cosmos3.{key} must be one of {list(allowed)}, got {value!r}")
-    return value
+__all__ = ["CHOICES", "POLICY_FIELDS", "Cosmos3Adapter"]  # the schema's, as the tests compare
 
 
 def _parse_size(value: Any) -> tuple[int, int]:
@@ -150,51 +125,54 @@ class Cosmos3Adapter(PolicyAdapter):
                 + "; set them in the config (see the LIBERO reference settings)"
             )
         self._policy = dict(settings)
-        self.action_mode = _setting_str(settings, "action_mode")
-        self.raw_action_dim = _setting_int(settings, "raw_action_dim", 1)
+        as_config = {k: str(v) if isinstance(v, Path) else v for k, v in settings.items()}
+        errors = settings_schema.shared_errors(as_config, *PATH)
+        if errors:
+            raise ValueError("; ".join(errors))
+        for key in ("action_fps", "guidance_scale"):  # a schema cannot refuse NaN or infinity
+            if settings.get(key) is not None and not math.isfinite(settings[key]):
+                raise ValueError(
+                    f"policy.cosmos3.{key} must be a finite number, got {settings[key]}"
+                )
+        self.action_mode: str = settings["action_mode"]
+        self.raw_action_dim: int = settings["raw_action_dim"]
         if self.raw_action_dim != action_math.MODEL_ACTION_DIM:
             raise ValueError(
                 f"policy.cosmos3.raw_action_dim must be {action_math.MODEL_ACTION_DIM} "
                 f"([dxyz, rot6d, gripper]), got {self.raw_action_dim}"
             )
-        self.action_dim = _setting_int(settings, "action_dim", 1)
+        self.action_dim: int = settings["action_dim"]
         if self.action_dim != action_math.LIBERO_ACTION_DIM:
             raise ValueError(
                 f"policy.cosmos3.action_dim must be {action_math.LIBERO_ACTION_DIM} (LIBERO's "
                 f"action), got {self.action_dim}"
             )
-        self.num_action_chunks = _setting_int(settings, "num_action_chunks", 1)
-        self.num_frames = _setting_int(settings, "num_frames", 2)
+        self.num_action_chunks: int = settings["num_action_chunks"]
+        self.num_frames: int = settings["num_frames"]
         if (self.num_frames - 1) % 4 != 0:
             raise ValueError(
                 "policy.cosmos3.num_frames must be 4k + 1 (Cosmos3 requires (num_frames - 1) % 4 "
                 f"== 0), got {self.num_frames}; LIBERO uses 17"
             )
-        self.fps = _setting_int(settings, "fps", 1)
-        self.action_fps = _setting_float(settings, "action_fps")
-        self.action_view_point = _setting_str(settings, "action_view_point")
-        self.num_inference_steps = _setting_int(settings, "num_inference_steps", 1)
+        self.fps: int = settings["fps"]
+        self.action_fps = float(settings["action_fps"])
+        self.action_view_point: str = settings["action_view_point"]
+        self.num_inference_steps: int = settings["num_inference_steps"]
         self.width, self.height = _parse_size(settings["size"])
-        self.seed = _setting_int(settings, "seed", 0)
-        self.domain_name = _setting_str(settings, "domain_name")
-        self.guidance_scale = (
-            None
-            if settings.get("guidance_scale") is None
-            else _setting_float(settings, "guidance_scale")
-        )
-        self.normalization = _setting_str(settings, "normalization")
-        self.gripper_mapping = _setting_str(settings, "gripper_mapping")
-        self.orthonormalization = _setting_str(settings, "orthonormalization")
+        self.seed: int = settings["seed"]
+        self.domain_name: str = settings["domain_name"]
+        scale = settings.get("guidance_scale")
+        self.guidance_scale = None if scale is None else float(scale)
+        self.normalization: str = settings["normalization"]
+        self.gripper_mapping: str = settings["gripper_mapping"]
+        self.orthonormalization: str = settings["orthonormalization"]
         # policy.cosmos3.transport png_base64: a JSON body with PNG images; msgpack: numpy arrays
-        self.json_body = _setting_str(settings, "transport") == "png_base64"
-        self.response_format = _setting_str(settings, "response_format")
-        stats_path = settings["action_stats_path"]
-        if not isinstance(stats_path, str | Path) or not str(stats_path):
-            raise ValueError(
-                f"policy.cosmos3.action_stats_path must be a file path, got {stats_path!r}"
-            )
+        self.json_body = settings["transport"] == "png_base64"
+        self.response_format: str = settings["response_format"]
         self.stats = action_math.load_action_stats(
-            stats_path, action_math.stats_block_for(self.normalization), self.raw_action_dim
+            settings["action_stats_path"],
+            action_math.stats_block_for(self.normalization),
+            self.raw_action_dim,
         )
         self.stats_sha256 = hashlib.sha256(self.stats.source.read_bytes()).hexdigest()
 

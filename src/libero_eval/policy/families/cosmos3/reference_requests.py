@@ -3,7 +3,9 @@
 :class:`GenerationRequest`. It mirrors SGLang 0.5.23's ``protocol.py`` (``_normalize_*``
 helpers, ``_action_request_to_observation``) and ``cosmos3.py``
 (``build_cosmos3_action_sampling_params``): same order, same error messages, each a
-:class:`RequestError` (HTTP 400, ``{"detail": message}``).
+:class:`RequestError` (HTTP 400, ``{"detail": message}``). With the raw camera frames in a
+request's privileged state, its images must be Cosmos3's preprocessing of them
+(:func:`cosmos3_image`).
 
 Deliberate differences from SGLang, all stricter and all answered with 400: errors SGLang
 raises later in its pipeline (unknown ``domain_name``, missing ``raw_action_dim`` for a domain
@@ -18,7 +20,6 @@ import base64
 import binascii
 import io
 import itertools
-import json
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,11 +28,8 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from libero_eval.policy import codec
 from libero_eval.policy.families.cosmos3.actions import MODEL_ACTION_DIM
-from libero_eval.reference import image_check
-from libero_eval.reference.policies import PolicyItem
-from libero_eval.reference.settings import (
+from libero_eval.policy.families.cosmos3.sglang_api import (
     ACTION_HORIZON,
     DEFAULT_NUM_INFERENCE_STEPS,
     DEFAULT_SEED,
@@ -39,12 +37,8 @@ from libero_eval.reference.settings import (
     EMBODIMENT_TO_RAW_ACTION_DIM,
     LIBERO_DOMAIN_ID,
     RESPONSE_FORMATS,
-    ReferenceServerSettings,
 )
-
-
-class RequestError(ValueError):
-    """A request the server rejects with HTTP 400."""
+from libero_eval.policy.reference_host import PolicyItem, RequestError, image_check
 
 
 @dataclass(frozen=True)
@@ -63,27 +57,6 @@ class GenerationRequest:
     @property
     def batch_size(self) -> int:
         return len(self.items)
-
-
-def decode_body(body: bytes, content_type: str) -> Any:
-    """The request body as Python objects: msgpack when Content-Type says so, JSON otherwise."""
-    if "multipart/form-data" in content_type:
-        raise RequestError(
-            "multipart/form-data uploads are not supported by the reference server; "
-            "send a JSON object or an application/msgpack map"
-        )
-    if "msgpack" in content_type:
-        try:
-            return codec.unpack(body)
-        except ValueError as exc:
-            raise RequestError(f"request body is not valid msgpack: {exc}") from exc
-    try:
-        return json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RequestError(
-            f"request body is not valid JSON ({exc}); send a JSON object, or msgpack with "
-            "Content-Type: application/msgpack"
-        ) from exc
 
 
 def _decode_b64_image(payload: dict[str, Any]) -> Image.Image:
@@ -366,6 +339,25 @@ def _privileged_states(payload: dict[str, Any], batch_size: int) -> list[dict | 
     return states
 
 
+def cosmos3_image(agentview: np.ndarray, wrist: np.ndarray, width: int, height: int) -> np.ndarray:
+    """Cosmos3's LIBERO input image ``uint8[height, width, 3]`` from the raw frames: both
+    cameras rotated 180 degrees, side by side with agentview on the left, scaled down keeping
+    the aspect (PIL bicubic, never up), reflect-padded bottom and right."""
+    left, right = image_check.upright(agentview), image_check.upright(wrist)
+    canvas = Image.new("RGB", (left.width + right.width, max(left.height, right.height)))
+    canvas.paste(left, (0, 0))
+    canvas.paste(right, (left.width, 0))
+    scale = min(width / canvas.width, height / canvas.height, 1.0)
+    size = (round(canvas.width * scale), round(canvas.height * scale))
+    if size != canvas.size:
+        canvas = canvas.resize(size, Image.Resampling.BICUBIC)
+    content = np.asarray(canvas)
+    pad_h, pad_w = height - content.shape[0], width - content.shape[1]
+    if pad_h >= content.shape[0] or pad_w >= content.shape[1]:
+        return np.pad(content, ((0, pad_h), (0, pad_w), (0, 0)), mode="edge")
+    return np.pad(content, ((0, pad_h), (0, pad_w), (0, 0)), mode="reflect")
+
+
 def _check_cosmos3_image(
     image: np.ndarray, state: dict | None, width: int, height: int, index: int
 ) -> None:
@@ -375,7 +367,7 @@ def _check_cosmos3_image(
         if frames is not None:
             image_check.compare(
                 image,
-                image_check.cosmos3_image(*frames, width=width, height=height),
+                cosmos3_image(*frames, width=width, height=height),
                 f"input_reference[{index}]",
                 "Cosmos3 LIBERO: both cameras rotated 180 degrees, agentview left, scaled "
                 f"down to fit {width}x{height}, reflect-padded bottom and right",
@@ -384,9 +376,12 @@ def _check_cosmos3_image(
         raise RequestError(str(exc)) from exc
 
 
-def parse_generation_request(payload: Any, settings: ReferenceServerSettings) -> GenerationRequest:
+def parse_generation_request(
+    payload: Any, max_batch_size: int, padded_action_dim: int
+) -> GenerationRequest:
     """Validate a request body as SGLang's Cosmos3 action endpoint does (same order, same
-    messages), plus the reference server's own limits; ``RequestError`` on bad input."""
+    messages), plus the reference server's own limits (``max_batch_size`` observations,
+    ``padded_action_dim`` channels); ``RequestError`` on bad input."""
     if not isinstance(payload, dict):
         raise RequestError(
             f"request body must be an object (JSON object or msgpack map), "
@@ -442,10 +437,9 @@ def parse_generation_request(payload: Any, settings: ReferenceServerSettings) ->
     if images and video_path is not None:
         raise RequestError("Cosmos3 action requests accept either an image or a video")
     batch_size = len(images) if images else 1
-    if batch_size > settings.max_batch_size:
+    if batch_size > max_batch_size:
         raise RequestError(
-            f"Cosmos3 action batch size {batch_size} exceeds "
-            f"--batching-max-size={settings.max_batch_size}"
+            f"Cosmos3 action batch size {batch_size} exceeds --batching-max-size={max_batch_size}"
         )
 
     domain_id = options.get("domain_id")
@@ -473,7 +467,7 @@ def parse_generation_request(payload: Any, settings: ReferenceServerSettings) ->
     seed = _as_int(options.get("seed", DEFAULT_SEED), "seed")
 
     domain_id, raw_action_dim = _resolve_domain(
-        domain_id, domain_name, raw_action_dim, settings.padded_action_dim
+        domain_id, domain_name, raw_action_dim, padded_action_dim
     )
 
     if action_mode != "policy":

@@ -1,6 +1,6 @@
 """What the Cosmos3 endpoints answer, mirroring SGLang 0.5.23's ``protocol.py``
-(``action_generation_response``, ``action_raw_response``), ``api.py`` (msgpack when asked)
-and ``cosmos3.py`` (``cosmos3_action_metadata``)."""
+(``action_generation_response``; ``action_raw_response`` is every family's,
+``libero_eval.policy.reference_host.http``) and ``cosmos3.py`` (``cosmos3_action_metadata``)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,11 @@ import uuid
 from typing import Any
 
 import numpy as np
-from fastapi import Request
 
-from libero_eval.reference.settings import (
+from libero_eval.policy.families.cosmos3.sglang_api import (
     ACTION_HORIZON,
     DEFAULT_NUM_INFERENCE_STEPS,
     SUPPORTED_RESOLUTIONS,
-    ReferenceServerSettings,
 )
 
 
@@ -62,28 +60,15 @@ def generation_envelope(
     }
 
 
-def raw_response(output: dict[str, Any], *, preserve_numpy: bool) -> dict[str, Any]:
-    """``action_raw_response``: the model output itself."""
-    response = dict(output)
-    if not preserve_numpy:
-        response["actions"] = np.asarray(output["actions"]).tolist()
-    return response
-
-
-def wants_msgpack(request: Request) -> bool:
-    """api.py ``_wants_msgpack``: msgpack in Content-Type or Accept."""
-    content_type = request.headers.get("content-type", "").lower()
-    accept = request.headers.get("accept", "").lower()
-    return "msgpack" in content_type or "msgpack" in accept
-
-
-def action_metadata(settings: ReferenceServerSettings) -> dict[str, Any]:
-    """cosmos3.py ``cosmos3_action_metadata`` for this server."""
-    max_batch_size = settings.max_batch_size
+def action_metadata(
+    model_name: str, policy: str, max_batch_size: int, padded_action_dim: int
+) -> dict[str, Any]:
+    """cosmos3.py ``cosmos3_action_metadata`` for a server of ``policy`` reporting
+    ``model_name``."""
     return {
         "object": "action.metadata",
-        "model": settings.model_name,
-        "model_path": f"reference://{settings.policy}",
+        "model": model_name,
+        "model_path": f"reference://{policy}",
         "policy_family": "cosmos3",
         "input": {
             "modalities": ["image", "video"],
@@ -94,7 +79,7 @@ def action_metadata(settings: ReferenceServerSettings) -> dict[str, Any]:
             "action_type": "continuous",
             "action_horizon": ACTION_HORIZON,
             "action_dim": None,
-            "padded_action_dim": settings.padded_action_dim,
+            "padded_action_dim": padded_action_dim,
             "dtype": "float32",
         },
         "runtime": {

@@ -2,8 +2,15 @@
 
 ``adapter`` (one class per ``policy.pi05.api``), ``openpi_transforms``, ``checkpoint`` (a
 checkpoint's layout), ``paligemma`` (prompts), ``run_config`` (its whole-config parts),
-``reference`` (the reference server's π0.5 forms); here: its endpoint and its
-reference-server settings.
+``schema`` (its parts of the config schema, ``schema.yaml``), its part of the reference
+server: ``reference_server`` (routes) and ``reference`` (its forms); here: its endpoint, and
+its reference server's settings and fingerprint part.
+
+On SGLang 0.5.23: ``Pi05PipelineConfig`` declares no ``keep_resident_min_available_gb`` (its
+weights stay resident whatever is free); they load in ``Pi05PolicyModel.from_pretrained``,
+which logs "Pi05 weights loaded successfully"; a ``VLA_ACTION`` pipeline runs no synthetic
+warm-up; its dynamic batching merges one-observation requests (``--batching-max-size``), and
+its denoise CUDA graphs are captured per batch size (:func:`pi05_graph_batches`).
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from libero_eval.policy.endpoint import ConnectionSpec
-from libero_eval.policy.families import Family, statistics_sha256
+from libero_eval.policy.families import Family, ReferencePart, statistics_sha256
 from libero_eval.policy.families.pi05.adapter import DEFAULTS, Pi05Adapter
 from libero_eval.policy.families.pi05.run_config import (
     pi05_graph_batches,
@@ -41,9 +48,10 @@ def endpoint(url: str, settings: dict[str, Any]) -> ConnectionSpec:
     return ConnectionSpec(url, channel, wire if channel == "http" else "msgpack", path, health_path)
 
 
-def reference_settings(config: dict[str, Any], reference: dict[str, Any]) -> dict[str, Any]:
-    """The reference server's π0.5 settings: its model, a checkpoint or statistics file."""
-    return {**reference, "family": "pi05", "norm_stats_path": reference_pi05_model(config)}
+def reference_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The reference server's π0.5 settings (``reference_server.Settings``): its model, a
+    checkpoint or statistics file."""
+    return {"norm_stats_path": reference_pi05_model(config)}
 
 
 def reference_outcome(config: dict[str, Any]) -> dict[str, Any]:
@@ -63,8 +71,15 @@ FAMILY = Family(
     backends=("reference", "sglang", "openpi"),
     example_config="config/libero_pi05_sglang.yaml",
     settings=pi05_settings,
-    reference_settings=reference_settings,
-    reference_outcome=reference_outcome,
+    reference=ReferencePart(
+        module="libero_eval.policy.families.pi05.reference_server",
+        outcome=reference_outcome,
+        settings=reference_settings,
+        selftest_checks=(
+            "π0.5: the checkpoint (policy.pi05.checkpoint or server.sglang.model_path), its "
+            "normalization and lerobot_prompt or discrete_state_input, replan_steps",
+        ),
+    ),
     statistics_field="policy.pi05",
     graph_batches=pi05_graph_batches,
 )

@@ -20,7 +20,9 @@ class (``Pi05Adapter(settings)`` builds it; :data:`API_ADAPTERS`):
 With SGLang (:class:`Pi05SglangAdapter`, the base of both SGLang classes) the client does what
 the checkpoint's own training pipeline did before the model (SGLang normalizes nothing), and
 the checkpoint decides how (``checkpoint.py`` beside it reads its ``config.json`` as SGLang
-does; ``docs/pi05.md`` cites every value):
+does, ``model_setup.py`` takes from it the state width, statistics and tokenizer, each
+configured value of ``policy.pi05`` (``settings.py``) checked against it; ``docs/pi05.md``
+cites every value):
 
 - **LeRobot lineage**: the checkpoint's camera names (``image`` = agentview, ``image2`` =
   wrist; ``camera_order`` with LeRobot's image blocks where SGLang would count an empty
@@ -53,87 +55,23 @@ from typing import Any, ClassVar
 import numpy as np
 from PIL import Image
 
+import libero_eval.policy.families.pi05.model_setup as model_setup
 import libero_eval.policy.families.pi05.openpi_transforms as T
 import libero_eval.policy.families.pi05.paligemma as paligemma
-from libero_eval import settings_schema
 from libero_eval.policy.adapter import Observation, PolicyAdapter
 from libero_eval.policy.errors import PolicyResponseError
 from libero_eval.policy.families.pi05.checkpoint import Pi05Layout, read_checkpoint
 from libero_eval.policy.families.pi05.run_config import check_pi05_run_config
+from libero_eval.policy.families.pi05.settings import CHOICES, DEFAULTS, agree, checked
 
-# policy.pi05's fields restricted to a list of values, as data/schema.yaml lists them (once).
-CHOICES: dict[str, tuple[Any, ...]] = settings_schema.choices("policy", "pi05")
 OPENPI_SERVER_HORIZON = 10  # openpi pi05_libero answers [10, 7] (action_horizon=10)
-# policy.pi05's fields and defaults, as src/libero_eval/data/schema.yaml writes them (once).
-DEFAULTS: dict[str, Any] = settings_schema.defaults("policy", "pi05")
-_POSITIVE_INTS = ("num_inference_steps", "replan_steps", "image_size")
-_OPTIONAL_INTS = ("action_horizon", "model_action_dim")
+__all__ = ["API_ADAPTERS", "CHOICES", "DEFAULTS", "Pi05Adapter"]
 
 
 def _png_base64(image: np.ndarray) -> dict[str, str]:
     buffer = io.BytesIO()
     Image.fromarray(image).save(buffer, format="PNG")
     return {"b64_json": base64.b64encode(buffer.getvalue()).decode("ascii")}
-
-
-def _pi05_settings(settings: dict[str, Any]) -> dict[str, Any]:
-    if not isinstance(settings, dict):
-        raise ValueError(f"policy settings must be a mapping, got {type(settings).__name__}")
-    block = settings.get("pi05", settings)
-    if not isinstance(block, dict):
-        raise ValueError(f"policy.pi05 must be a mapping, got {type(block).__name__}")
-    unknown = sorted(set(block) - set(DEFAULTS))
-    if unknown:
-        raise ValueError(
-            f"unknown π0.5 setting(s) {', '.join('policy.pi05.' + k for k in unknown)}; "
-            f"known: {sorted(DEFAULTS)}"
-        )
-    merged = {**DEFAULTS, **block}
-    for key, allowed in CHOICES.items():
-        if merged[key] not in allowed:
-            raise ValueError(
-                f"policy.pi05.{key} must be one of {list(allowed)}, got {merged[key]!r}"
-            )
-    for key in (*_POSITIVE_INTS, *_OPTIONAL_INTS):
-        value = merged[key]
-        if value is None and key in _OPTIONAL_INTS:
-            continue
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"policy.pi05.{key} must be an integer >= 1, got {value!r}")
-    pad = merged["pad_state_to"]
-    if pad not in (None, "checkpoint") and (
-        isinstance(pad, bool) or not isinstance(pad, int) or pad < 8
-    ):
-        raise ValueError(
-            f"policy.pi05.pad_state_to must be checkpoint, null or an integer >= 8 (LIBERO's "
-            f"state has 8 entries), got {pad!r}"
-        )
-    if merged["model_action_dim"] is not None and merged["model_action_dim"] < T.LIBERO_ACTION_DIM:
-        raise ValueError(
-            f"policy.pi05.model_action_dim must be >= {T.LIBERO_ACTION_DIM}, got "
-            f"{merged['model_action_dim']}"
-        )
-    dsi = merged["discrete_state_input"]
-    if dsi is not None and not isinstance(dsi, bool):
-        raise ValueError(
-            f"policy.pi05.discrete_state_input must be true, false or null, got {dsi!r}"
-        )
-    return merged
-
-
-def _agree(name: str, configured: Any, derived: Any, layout: Pi05Layout) -> Any:
-    """The checkpoint's value; a configured one that contradicts it is refused, naming both."""
-    if configured is None or configured == derived:
-        return derived
-    raise ValueError(
-        f"policy.pi05.{name} is {configured!r} but the checkpoint says {derived!r} "
-        f"({layout.describe()}). Remove policy.pi05.{name} (the checkpoint decides) or use "
-        "the checkpoint it was meant for"
-    )
-
-
-def _same_path(a: str | Path, b: str | Path) -> bool:
-    return Path(a).resolve() == Path(b).resolve()
 
 
 class Pi05Adapter(PolicyAdapter):
@@ -148,11 +86,11 @@ class Pi05Adapter(PolicyAdapter):
 
     def __new__(cls, settings: dict[str, Any]) -> Pi05Adapter:
         if cls is Pi05Adapter:
-            cls = API_ADAPTERS[_pi05_settings(settings)["api"]]
+            cls = API_ADAPTERS[checked(settings)["api"]]
         return super().__new__(cls)
 
     def __init__(self, settings: dict[str, Any]):
-        s = _pi05_settings(settings)
+        s = checked(settings)
         self._pi05 = dict(settings.get("pi05", settings))  # as configured (the fingerprint's)
         self.api: str = s["api"]
         self.num_inference_steps: int = s["num_inference_steps"]
@@ -281,7 +219,7 @@ class Pi05SglangAdapter(Pi05Adapter):
 
     def __init__(self, settings: dict[str, Any]):
         super().__init__(settings)
-        s = _pi05_settings(settings)
+        s = checked(settings)
         # wire_format json (sglang_http only): images as PNG / lists; else numpy arrays
         self.json_body = False
         if s["checkpoint"] is not None:
@@ -289,115 +227,24 @@ class Pi05SglangAdapter(Pi05Adapter):
             config_json = Path(s["checkpoint"]) / "config.json"
             self.checkpoint_sha256 = hashlib.sha256(config_json.read_bytes()).hexdigest()
         layout = self.layout
-        self.action_horizon = _agree(
+        self.action_horizon = agree(
             "action_horizon", s["action_horizon"], layout.action_horizon, layout
         )
-        self.model_action_dim = _agree(
+        self.model_action_dim = agree(
             "model_action_dim", s["model_action_dim"], layout.action_dim, layout
         )
-        self.pad_state_to = self._state_width(s["pad_state_to"])
+        self.pad_state_to = model_setup.state_width(layout, s["pad_state_to"])
         if self.replan_steps > self.action_horizon:
             raise ValueError(
                 f"policy.pi05.replan_steps ({self.replan_steps}) cannot exceed the action "
                 f"horizon ({self.action_horizon}; {layout.describe()})"
             )
-        self._load_stats(s["norm_stats_path"])
-        self._find_tokenizer(s)
-
-    def _state_width(self, pad: Any) -> int:
-        """LeRobot: the STATE feature's width (8), which LeRobot >= 0.5 discretizes unpadded;
-        openpi: PadStatesAndActions to the model's 32; no checkpoint: SGLang's default 32."""
-        layout = self.layout
-        configured = T.LIBERO_STATE_DIM if pad is None else pad
-        if layout.lineage == "sglang_default":
-            width = layout.state_dim if pad == "checkpoint" else configured
-        else:
-            asked = None if pad == "checkpoint" else configured
-            width = _agree("pad_state_to", asked, layout.state_dim, layout)
-        if width < T.LIBERO_STATE_DIM:
-            raise ValueError(
-                f"the checkpoint's state width is {width}, narrower than LIBERO's "
-                f"{T.LIBERO_STATE_DIM}-D state ({layout.describe()})"
-            )
-        if width > layout.state_dim:
-            raise ValueError(
-                f"policy.pi05.pad_state_to {width} is wider than the model's state "
-                f"dim {layout.state_dim}: SGLang refuses it (Pi05 state dim must be <= "
-                f"{layout.state_dim})"
-            )
-        return width
-
-    def _load_stats(self, stats_path: Any) -> None:
-        """The checkpoint's statistics; ``policy.pi05.norm_stats_path`` where it has none."""
-        layout = self.layout
-        if stats_path is not None and not Path(stats_path).exists():
-            try:
-                T.load_norm_stats(stats_path)  # says what is missing and what to give
-            except (OSError, ValueError) as exc:
-                raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
-        if layout.stats_path is not None:
-            if stats_path is not None and not _same_path(stats_path, layout.stats_path):
-                raise ValueError(
-                    f"policy.pi05.norm_stats_path is {stats_path} but the checkpoint carries its "
-                    f"own statistics ({layout.stats_path}): remove policy.pi05.norm_stats_path"
-                )
-            stats_path = layout.stats_path
-        elif stats_path is None:
-            where = (
-                f"the checkpoint {layout.source} carries none (LeRobot: "
-                "policy_preprocessor.json and its normalizer safetensors; openpi: "
-                "assets/<asset_id>/norm_stats.json, which openpi's converter does not copy: "
-                "docs/pi05.md)"
-                if layout.source is not None
-                else "there is no checkpoint (policy.pi05.checkpoint, server.sglang.model_path)"
-            )
-            raise ValueError(
-                f"policy.pi05.norm_stats_path: no statistics to normalize with: {where}. Set "
-                "policy.pi05.norm_stats_path to the model's own (openpi's "
-                "assets/<asset_id>/norm_stats.json, a LeRobot normalizer *.safetensors or "
-                "stats.json); against the CPU reference server, its made-up test file "
-                "libero_eval:stats/pi05_libero_norm_stats.json"
-            )
-        try:
-            self.stats = T.load_norm_stats(stats_path)
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
-        try:
-            T.check_stats(self.stats, self.normalization, T.LIBERO_STATE_DIM, T.LIBERO_ACTION_DIM)
-        except ValueError as exc:
-            raise ValueError(f"policy.pi05.norm_stats_path: {exc}") from exc
-        self.stats_sha256 = hashlib.sha256(self.stats.source.read_bytes()).hexdigest()
-
-    def _find_tokenizer(self, s: dict[str, Any]) -> None:
-        """The tokenizer of the client-side prompt, where the lineage's training pipeline
-        differs from SGLang's prompt (openpi; LeRobot <= 0.4.4)."""
-        layout = self.layout
-        if layout.lineage == "openpi":
-            if s["discrete_state_input"] is None:
-                raise ValueError(
-                    "policy.pi05.discrete_state_input must be set for an openpi-trained "
-                    "checkpoint: its config.json does not record it. openpi's pi05_libero has "
-                    "discrete_state_input=False (src/openpi/training/config.py, pi05_libero)"
-                )
-            self.discrete_state_input = s["discrete_state_input"]
-            self.tokenizer_model = paligemma.find_model(s["tokenizer_path"], layout.source)
-        elif s["discrete_state_input"] is not None:
-            raise ValueError(
-                "policy.pi05.discrete_state_input is for openpi-trained checkpoints; this one is "
-                f"{layout.describe()}"
-            )
-        if layout.lineage == "lerobot" and s["lerobot_prompt"] == "padded":
-            self.tokenizer_json = paligemma.find_model(s["tokenizer_path"], layout.source, "json")
-        elif s["lerobot_prompt"] == "padded":
-            raise ValueError(
-                "policy.pi05.lerobot_prompt padded is for checkpoints trained with LeRobot <= "
-                f"0.4.4; this one is {layout.describe()}"
-            )
-        if s["tokenizer_path"] is not None and not (self.tokenizer_model or self.tokenizer_json):
-            raise ValueError(
-                f"policy.pi05.tokenizer_path is set but this checkpoint ({layout.describe()}) "
-                "gets the prompt SGLang builds: remove it"
-            )
+        self.stats, self.stats_sha256 = model_setup.load_stats(
+            layout, s["norm_stats_path"], self.normalization
+        )
+        tokenizer = model_setup.find_tokenizer(layout, s)
+        self.tokenizer_model, self.tokenizer_json = tokenizer.model, tokenizer.json
+        self.discrete_state_input = tokenizer.discrete_state_input
 
     # ---------------------------------------------------------------- requests
 
@@ -491,7 +338,7 @@ class Pi05SglangHttpAdapter(Pi05SglangAdapter):
 
     def __init__(self, settings: dict[str, Any]):
         super().__init__(settings)
-        self.json_body = _pi05_settings(settings)["wire_format"] == "json"
+        self.json_body = checked(settings)["wire_format"] == "json"
 
     def request(self, obs: Observation, request_id: str) -> dict[str, Any]:
         input_block: dict[str, Any] = {
@@ -539,7 +386,7 @@ class Pi05OpenpiServerAdapter(Pi05Adapter):
 
     def __init__(self, settings: dict[str, Any]):
         super().__init__(settings)
-        s = _pi05_settings(settings)
+        s = checked(settings)
         self.action_horizon = s["action_horizon"] or OPENPI_SERVER_HORIZON
         self.model_action_dim = T.LIBERO_ACTION_DIM
         self.pad_state_to = None

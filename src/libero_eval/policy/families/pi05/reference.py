@@ -13,7 +13,7 @@ requires. The server then acts as the model would expect its inputs, strictly:
   MODEL's statistics (``server.reference.norm_stats_path``) must be the robot's own state
   (a client normalizing with other statistics fails);
 - with privileged state on, the images must be the model's preprocessing of the raw camera
-  frames (``reference/image_check.py``).
+  frames (:func:`pi05_image`, :func:`lerobot_image`; ``reference_host.image_check``).
 
 Answers are what SGLang returns: ``[action_horizon, model_action_dim]`` float32 in model
 space (the expert's LIBERO chunk normalized with the model's statistics, zero-padded).
@@ -28,16 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from PIL import Image
 
 import libero_eval.policy.families.pi05.openpi_transforms as T
 from libero_eval.policy.families.pi05.checkpoint import Pi05Layout, read_checkpoint
-from libero_eval.reference import image_check
-from libero_eval.reference.policies import PolicyItem
+from libero_eval.policy.reference_host import PolicyItem, RequestError, image_check
 
 STATE_TOLERANCE = 1e-3  # float32 round trip of a normalized state, in metres / radians
 
 
-class Pi05RequestError(ValueError):
+class Pi05RequestError(RequestError):
     """A π0.5 request the server rejects (HTTP 400, or an error frame on the websocket)."""
 
 
@@ -109,8 +109,6 @@ def _image(value: Any, key: str) -> np.ndarray:
     if isinstance(value, dict) and ("b64_json" in value or "base64" in value):
         import base64
         import io
-
-        from PIL import Image
 
         data = value.get("b64_json") or value.get("base64")
         if isinstance(data, str) and data.startswith("data:"):
@@ -332,6 +330,27 @@ def _check_state(
         )
 
 
+def pi05_image(frame: np.ndarray, size: int) -> np.ndarray:
+    """openpi's LIBERO camera image ``uint8[size, size, 3]`` from one raw frame: rotated 180
+    degrees and resized with padding (PIL bilinear, zeros centred, as
+    ``openpi_client.image_tools.resize_with_pad``)."""
+    image = image_check.upright(frame)
+    if image.size == (size, size):
+        return np.asarray(image)
+    ratio = max(image.width / size, image.height / size)
+    new_w, new_h = int(image.width / ratio), int(image.height / ratio)
+    resized = image.resize((new_w, new_h), Image.Resampling.BILINEAR)
+    canvas = Image.new("RGB", (size, size))
+    canvas.paste(resized, (int((size - new_w) / 2), int((size - new_h) / 2)))
+    return np.asarray(canvas)
+
+
+def lerobot_image(frame: np.ndarray) -> np.ndarray:
+    """LeRobot's LIBERO camera image (``LiberoProcessorStep``: both axes flipped), uint8,
+    unresized (the model resizes)."""
+    return np.ascontiguousarray(np.rot90(frame, 2))
+
+
 def _check_images(
     arrays: dict[str, np.ndarray], masks: dict[str, Any], privileged: dict, model: Pi05Model
 ) -> None:
@@ -346,8 +365,8 @@ def _check_images(
         _check_lerobot_images(arrays, {"agentview": agentview, "wrist": wrist}, model.layout)
         return
     expected = {
-        "base_0_rgb": image_check.pi05_image(agentview, model.image_size),
-        "left_wrist_0_rgb": image_check.pi05_image(wrist, model.image_size),
+        "base_0_rgb": pi05_image(agentview, model.image_size),
+        "left_wrist_0_rgb": pi05_image(wrist, model.image_size),
     }
     convention = (
         "openpi LIBERO: rotated 180 degrees, resized with zero padding to "
@@ -388,7 +407,7 @@ def _check_lerobot_images(
                 f"image check failed for {key}: LeRobot's pipeline feeds the model float "
                 f"images in [0, 1], the client sent {received.dtype} ({convention})"
             )
-        expected = image_check.lerobot_image(frames[view])
+        expected = lerobot_image(frames[view])
         try:
             image_check.compare(np.round(received * 255.0), expected, key, convention)
         except image_check.ImageCheckError as exc:

@@ -13,8 +13,9 @@ plates, obstacle-clearing transit heights), drawers and doors (``open``, ``close
 knobs (``turnon``, ``turnoff``).
 
 Actions are LIBERO 7-D ``[dx, dy, dz, ax, ay, az, gripper]``: gripper exactly -1 or +1,
-translation and rotation within the Cosmos3 LIBERO stats' q01..q99 range so that the round
-trip through the model's normalized rot6d encoding does not clip them.
+translation and rotation within the q01..q99 range of the LIBERO action statistics the
+package ships (``libero_eval:stats/libero_native_frame_wise_relative_rot6d.json``) so that the
+round trip through a model's quantile normalization does not clip them.
 
 The package follows the data flow of one query: ``scene`` (the privileged state as bodies,
 sites and joints) -> ``policy`` (the goal predicate to work on) -> ``pick_place`` /
