@@ -265,7 +265,7 @@ class UrlSlot:
         self.events.write(f"server ready: {server.url} ({healthy_s:.1f} s)")
         timeline["ready"] = time.time()
         self.publish("ready", ready_at=now_iso(), startup_s=round(healthy_s, 1))
-        say(f"slot {self.settings.slot}: ready at {server.url}")
+        say(f"slot {self.settings.slot}: ready at {server.url} after {healthy_s:.1f} s")
         stop.wait()
         return self.stopped(stop.reason or "stop requested")
 
