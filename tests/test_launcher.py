@@ -166,7 +166,8 @@ def test_settings_ignore_the_section_of_the_other_backend():
     [
         (
             {"backend": "vllm", "slot": 0},
-            r"server\.backend: 'vllm' is not one of \['reference', 'sglang', 'openpi', 'family'\]",
+            r"server\.backend: 'vllm' is not one of "
+            r"\['reference', 'sglang', 'openpi', 'family', 'url'\]",
         ),
         ({"backend": "sglang", "sglang": {"model_path": "/m"}}, r"server\.slot: required"),
         ({"backend": "sglang", "slot": 0, "sglang": {}}, r"server\.sglang\.model_path: required"),
@@ -574,8 +575,10 @@ def test_invalid_thread_counts_are_replaced_and_valid_ones_kept(value):
 
 def test_wildcard_hosts_are_reached_through_loopback():
     settings = ServerSettings.from_dict(sglang_settings(host="0.0.0.0", port=31000))
-    assert settings.url == "http://127.0.0.1:31000"
-    assert ServerSettings.from_dict(sglang_settings(host="::1", port=5)).url == "http://[::1]:5"
+    assert settings.base_url == "http://127.0.0.1:31000"
+    assert (
+        ServerSettings.from_dict(sglang_settings(host="::1", port=5)).base_url == "http://[::1]:5"
+    )
 
 
 def test_settings_file_may_be_yaml(tmp_path):

@@ -49,8 +49,9 @@ def patterned(node, path=()):
             yield from patterned(value, path)
 
 
-# a value each pattern takes (run ids, a WxH size, a Slurm GPU model, a suite name, a URL path)
-EXAMPLES = ("demo", "320x192", "h100", "libero_spatial", "/healthz")
+# a value each pattern takes (run ids, a WxH size, a Slurm GPU model, a suite name, a URL path,
+# a server URL)
+EXAMPLES = ("demo", "320x192", "h100", "libero_spatial", "/healthz", "http://127.0.0.1:30000")
 
 
 def test_every_pattern_matches_the_whole_value_and_rejects_a_trailing_newline():

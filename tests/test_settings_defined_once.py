@@ -644,7 +644,11 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
     from libero_eval.failures import FailurePolicy
     from libero_eval.rollout.libero_env import EnvSettings
     from libero_eval.rollout.shard_settings import ShardSettings
-    from libero_eval.serve.settings import OpenpiServerSettings, SglangServerSettings
+    from libero_eval.serve.settings import (
+        OpenpiServerSettings,
+        SglangServerSettings,
+        UrlServerSettings,
+    )
 
     job = "the job's own, set where the job is composed (libero_eval.config)"
     return [
@@ -692,6 +696,16 @@ def _projections() -> list[tuple[type, tuple[str, ...], dict[str, str], dict[str
             },
         ),
         (OpenpiServerSettings, ("server", "openpi"), {}, {}),
+        (
+            UrlServerSettings,
+            ("server", "url"),
+            {},
+            {
+                "url": "server.url.urls resolved for the slot (libero_eval.config_server)",
+                "source": "the config field that names the slot's URL, for its errors",
+                "health_path": "the family's endpoint's readiness path",
+            },
+        ),
         (FailurePolicy, ("rollout", "failures"), {}, {}),
         # each family's part of the reference server: its fields of server.reference
         *(

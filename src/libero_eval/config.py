@@ -25,6 +25,7 @@ from libero_eval.config_layout import (  # re-exported: the config as written, c
 )
 from libero_eval.config_rules import RUN_RULES, sends_privileged_state
 from libero_eval.config_server import (
+    family_settings,
     server_on_gpu,
     server_policy_settings,
     server_settings,
@@ -36,7 +37,7 @@ from libero_eval.plan import Episode, Shard, check_seeds, make_shards, plan_epis
 from libero_eval.policy import families
 from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.policy.connection import policy_connection_spec
-from libero_eval.policy.families import Family, PolicyAdapter, make_adapter
+from libero_eval.policy.families import PolicyAdapter, make_adapter
 from libero_eval.rollout.auto import RENDER_GPU_SHARE
 from libero_eval.rollout.libero_env import EnvSettings
 from libero_eval.rollout.protocols import EpisodeProtocol, get_protocol
@@ -56,15 +57,6 @@ __all__ = [
 ]
 
 
-def run_family(config: dict[str, Any]) -> Family:
-    """The config's policy family (``policy.family``), its package registered."""
-    try:
-        families.load_config_modules(config)
-        return families.get(config["policy"]["family"])
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-
-
 def check_config(config: dict[str, Any]) -> RunSettings:
     """The checks a schema cannot make, on a config the schema checked and filled (the
     workflow's :func:`validate_config`): each of :data:`RUN_RULES` in turn, the first broken
@@ -79,15 +71,6 @@ def check_config(config: dict[str, Any]) -> RunSettings:
         except ValueError as exc:  # a part's own error (ServerSettingsError, ...) names the field
             raise ConfigError(str(exc)) from exc
     return settings
-
-
-def family_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """``policy.<family>``, the settings the family's adapter takes, with what the whole config
-    decides of them resolved (``Family.settings``)."""
-    family = run_family(config)
-    if family.settings is not None:
-        return family.settings(config)
-    return dict(config["policy"][family.name])
 
 
 def run_seeds(config: dict[str, Any]) -> list[int] | None:
@@ -355,11 +338,13 @@ class RunSettings:
     @property
     def expected_server_batch(self) -> int:
         """The server's max batch as the config says (the reference server's
-        max_batch_size, SGLang's --batching-max-size; openpi and a family's own server: 1)."""
+        max_batch_size, SGLang's --batching-max-size, a URL server's
+        server.url.batching_max_size; openpi and a family's own server: 1)."""
         server = self.config["server"]
         return {
             "reference": server["reference"]["max_batch_size"],
             "sglang": server["sglang"]["batching_max_size"],
+            "url": server["url"]["batching_max_size"],
         }.get(server["backend"], 1)
 
     def render_gpu_budget_mib(self, render: RenderPlan | None) -> int | None:

@@ -16,7 +16,7 @@ from typing import Any
 
 from libero_eval import suites as suite_catalog
 from libero_eval.config_layout import ConfigError
-from libero_eval.config_server import gpus_per_slot
+from libero_eval.config_server import gpus_per_slot, slot_urls
 from libero_eval.policy import families
 
 
@@ -34,9 +34,10 @@ def sends_privileged_state(config: dict[str, Any]) -> bool:
 
 
 def backend_serves_the_family(config: dict[str, Any], settings: Any) -> None:
-    """`server.backend` is one of the backends `policy.family` lists (`Family.backends`)."""
+    """`server.backend` is one of the backends `policy.family` lists (`Family.backends`), or
+    `url`, a server the user runs, which may serve any family (its metadata is checked)."""
     backend, family = config["server"]["backend"], families.get(config["policy"]["family"])
-    if backend not in family.backends:
+    if backend != "url" and backend not in family.backends:
         served = [name for name in families.names() if backend in families.get(name).backends]
         raise ConfigError(
             f"server.backend {backend} does not serve policy.family {family.name} "
@@ -100,6 +101,39 @@ def each_slots_server_is_valid(config: dict[str, Any], settings: Any) -> None:
         settings.server(slot)
 
 
+def urls_name_one_server_per_slot(config: dict[str, Any], settings: Any) -> None:
+    """With `server.backend: url`, `server.url.urls` lists one URL per slot
+    (`server.num_slots`), each a different server (two slots on one server would share its
+    batches and skew both capacity probes: give its shards `rollout.shards_per_slot`)."""
+    server = config["server"]
+    if server["backend"] != "url":
+        return
+    urls = server["url"]["urls"]
+    lists = urls.items() if isinstance(urls, dict) else [(None, urls)]
+    if not urls:
+        raise ConfigError(
+            "server.url.urls: required with server.backend url: the base URLs of the servers "
+            "you run, one per slot, e.g. [http://127.0.0.1:30000]"
+        )
+    for checkpoint, listed in lists:
+        named = slot_urls(config, checkpoint)
+        field = named[0][0].rsplit("[", 1)[0] if named else "server.url.urls"
+        if len(listed) != server["num_slots"]:
+            raise ConfigError(
+                f"{field} lists {len(listed)} URL(s) but server.num_slots is "
+                f"{server['num_slots']}: one server per slot. Set server.num_slots: "
+                f"{len(listed)}, or list {server['num_slots']} URLs"
+            )
+        seen: dict[str, str] = {}
+        for name, url in named:
+            if url in seen:
+                raise ConfigError(
+                    f"{name} {url} is {seen[url]} again: one server per slot. For more shards "
+                    "on one server, list it once and raise rollout.shards_per_slot"
+                )
+            seen[url] = name
+
+
 def envs_split_over_the_shards(config: dict[str, Any], settings: Any) -> None:
     """`rollout.total_num_envs`, a number, splits evenly over the server.num_slots x
     rollout.shards_per_slot shards."""
@@ -147,6 +181,7 @@ RUN_RULES = (
     episodes_and_published_suites_exist,
     reset_seeding_fits_the_protocol,
     family_accepts_the_run,
+    urls_name_one_server_per_slot,
     each_slots_server_is_valid,
     envs_split_over_the_shards,
     gpu_ids_cover_the_slots,

@@ -1,30 +1,110 @@
 """A slot's server, from the checked config: the GPUs it is pinned to, its port, its settings
 for the serve job (`ServerSettings`, JSON on the serve rule's command line), whether it runs on
 a GPU, and the part of it that changes actions (in the rollout fingerprint). The config's
-policy family is registered first (`config.RunSettings`, `config.check_config`)."""
+policy family is registered first (`config.RunSettings`, `config.check_config`).
+
+With `server.backend: url` a slot's server is one the user already runs: `slot_urls` reads
+its URL from `server.url.urls` (a list, one per slot; or, for a run of several checkpoints,
+a mapping of checkpoint names to such lists, read with the checkpoint's name)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from libero_eval import settings_schema
 from libero_eval.policy import families
 from libero_eval.policy.families import Family
 from libero_eval.serve.settings import ServerSettings
+from libero_eval.service import is_loopback
 
 # Backends whose server is a GPU process run by a command of its own (not the reference).
 GPU_BACKENDS = ("sglang", "openpi")
+URLS_FIELD = "server.url.urls"
 
 
 def _family(config: dict[str, Any]) -> Family:
     return families.get(config["policy"]["family"])
 
 
-def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
-    """The server-side settings that change actions (part of the rollout fingerprint)."""
+def family_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """``policy.<family>``, the settings the family's adapter takes, with what the whole config
+    decides of them resolved (``Family.settings``)."""
+    family = _family(config)
+    if family.settings is not None:
+        return family.settings(config)
+    return dict(config["policy"][family.name])
+
+
+def slot_urls(config: dict[str, Any], checkpoint: str | None = None) -> list[tuple[str, str]]:
+    """``(field, url)`` of each slot's server with ``server.backend: url``, in slot order:
+    ``server.url.urls`` as a list, or its entry for ``checkpoint`` where it maps checkpoint
+    names to lists. A trailing ``/`` is dropped (the endpoint's paths are appended).
+    ``ValueError`` names the field: a mapping without a checkpoint, an unknown checkpoint."""
+    urls = config["server"]["url"]["urls"]
+    field = URLS_FIELD
+    if isinstance(urls, dict):
+        if checkpoint is None:
+            raise ValueError(
+                f"{URLS_FIELD}: a mapping of checkpoint names to URLs is for a run of several "
+                "checkpoints (checkpoints:); this run evaluates one: give a list, one URL per "
+                "slot"
+            )
+        if checkpoint not in urls:
+            raise ValueError(
+                f"{URLS_FIELD}: no URLs for checkpoint {checkpoint!r} (it lists "
+                f"{sorted(urls)}): add its servers under its name"
+            )
+        urls, field = urls[checkpoint], f"{URLS_FIELD}.{checkpoint}"
+    return [(f"{field}[{k}]", str(url).rstrip("/")) for k, url in enumerate(urls)]
+
+
+def url_backend_warnings(config: dict[str, Any]) -> list[str]:
+    """What a run against servers the user runs says once, in the workflow's log: a URL on
+    another host (the run's observations cross the network to it, through the environment's
+    proxy settings), and a fingerprint that cannot know the servers' weights (no
+    ``server.url.model_id``)."""
     server = config["server"]
+    if server["backend"] != "url":
+        return []
+    urls = server["url"]["urls"]
+    named = (
+        [(f"{URLS_FIELD}.{c}[{k}]", u) for c, us in urls.items() for k, u in enumerate(us)]
+        if isinstance(urls, dict)
+        else slot_urls(config)
+    )
+    said = []
+    for field, url in named:
+        host = urlsplit(url).hostname
+        if not is_loopback(host):
+            said.append(
+                f"{field} {url} is on another host ({host}): the run's observations go to it "
+                "over the network, to a server that has no authentication, and the "
+                "environment's proxy settings (HTTP_PROXY, HTTPS_PROXY, NO_PROXY) apply to it "
+                "(a loopback URL is reached directly). Your choice; said once"
+            )
+    if server["url"]["model_id"] is None:
+        said.append(
+            "server.url.model_id is not set: the episode store is named by the servers' URLs, "
+            "not by their weights, which the workflow cannot see. Weights changed behind the "
+            "same URL would reuse episodes of the old ones: set server.url.model_id to name "
+            "the weights (and change it when they change; docs/servers.md)"
+        )
+    return said
+
+
+def server_policy_settings(config: dict[str, Any]) -> dict[str, Any]:
+    """The server-side settings that change actions (part of the rollout fingerprint). A
+    server the user runs (backend url) is named by ``server.url.model_id`` where it is given,
+    else by its URLs: the workflow cannot hash weights it does not load."""
+    server = config["server"]
+    if server["backend"] == "url":
+        model_id = server["url"]["model_id"]
+        if model_id is not None:
+            return {"backend": "url", "model_id": model_id}
+        return {"backend": "url", "urls": server["url"]["urls"]}
     if server["backend"] == "reference":
         part = _family(config).reference
         assert part is not None, "check_config refuses a family the reference cannot serve"
@@ -59,8 +139,10 @@ def server_on_gpu(config: dict[str, Any]) -> bool:
 
 
 def gpus_per_slot(config: dict[str, Any]) -> int:
+    """GPUs a slot's server is pinned to: SGLang's num_gpus, none for a server the user runs
+    (backend url: it uses no GPU of the workflow's), else one."""
     server = config["server"]
-    return server["sglang"]["num_gpus"] if server["backend"] == "sglang" else 1
+    return {"sglang": server["sglang"]["num_gpus"], "url": 0}.get(server["backend"], 1)
 
 
 def slot_gpu_ids(config: dict[str, Any], slot: int) -> int | list[int] | None:
@@ -69,12 +151,29 @@ def slot_gpu_ids(config: dict[str, Any], slot: int) -> int | list[int] | None:
     server = config["server"]
     per_slot = gpus_per_slot(config)
     devices = None
+    if per_slot == 0:
+        return None
     if server["gpu_ids"] is not None:
         devices = server["gpu_ids"][slot * per_slot : (slot + 1) * per_slot]
     elif server_on_gpu(config) and "SLURM_JOB_ID" not in os.environ:
         # Locally nothing assigns GPUs: slot k takes devices k*n .. k*n+n-1.
         devices = list(range(slot * per_slot, (slot + 1) * per_slot))
     return devices[0] if devices is not None and len(devices) == 1 else devices
+
+
+def url_server(config: dict[str, Any], slot: int, checkpoint: str | None = None) -> dict:
+    """Slot `slot`'s `server.url` part for the serve job (backend url): its URL and the field
+    that names it, the readiness path of the family's endpoint, and the section's fields."""
+    section = config["server"]["url"]
+    field, url = slot_urls(config, checkpoint)[slot]
+    endpoint = families.connection_spec(url, _family(config).name, family_settings(config))
+    return {
+        "url": url,
+        "source": field,
+        "health_path": endpoint.health_path,
+        "model_id": section["model_id"],
+        "connect_timeout_s": section["connect_timeout_s"],
+    }
 
 
 def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
@@ -121,5 +220,6 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
             "sglang": sglang,
             "openpi": dict(server["openpi"]),
             "family": own,
+            "url": url_server(config, slot) if server["backend"] == "url" else None,
         }
     )

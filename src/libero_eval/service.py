@@ -8,6 +8,7 @@ for that file and for the server's `/health` (`wait_for_service`). Both follow t
 from __future__ import annotations
 
 import ctypes
+import ipaddress
 import json
 import os
 import signal
@@ -17,8 +18,29 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
+
+
+def is_loopback(host: str | None) -> bool:
+    """True for ``localhost`` and loopback addresses."""
+    if not host:
+        return False
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def proxies_apply(url: str) -> bool:
+    """Whether requests to ``url`` may go through the environment's proxy (``HTTP_PROXY``,
+    ``NO_PROXY``, as requests reads them): never for a loopback URL, where a cluster's
+    ``http_proxy`` must not capture ``127.0.0.1``; as the environment says for another host
+    (a server the user runs there, ``server.backend: url``)."""
+    return not is_loopback(urlsplit(url).hostname)
 
 
 class ServiceUnavailableError(RuntimeError):
@@ -126,7 +148,7 @@ def wait_for_service(
     see_log = f"; see the serve log {log_path}" if log_path else ""
     last_state = "the file does not exist yet"
     with requests.Session() as session:
-        session.trust_env = False
+        session.trust_env = False  # set per URL below, once the file names one
         while True:
             info = read_service_file(service_file)
             if info is not None:
@@ -142,6 +164,7 @@ def wait_for_service(
                 else:
                     remaining = deadline - time.monotonic()
                     health_url = url + str(info.get("health_path") or "/health")
+                    session.trust_env = proxies_apply(url)
                     try:
                         response = session.get(health_url, timeout=max(0.5, min(5.0, remaining)))
                         if response.status_code == 200:

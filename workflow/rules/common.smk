@@ -11,6 +11,7 @@ from libero_eval.config import (
     validate_config,
 )
 from libero_eval.serve.command import exposure_warning
+from libero_eval.config_server import url_backend_warnings
 from libero_eval.interrupt import StopJobsOnSignal
 from libero_eval.suites import is_perturbation
 from libero_eval.store import EpisodeStore
@@ -32,9 +33,15 @@ except ConfigError as error:
     raise WorkflowError(f"Invalid config: {error}")
 
 # once per run (not again in the jobs Snakemake spawns): a host other than loopback exposes
-# the unauthenticated policy servers
-if workflow.is_main_process and (exposed := exposure_warning(config["server"]["host"])):
-    print(f"Config warning: {exposed}", file=sys.stderr)
+# the unauthenticated policy servers; servers the user runs (server.backend url) on another
+# host, or not named by their weights (libero_eval.config_server.url_backend_warnings)
+if workflow.is_main_process:
+    if config["server"]["backend"] != "url" and (
+        exposed := exposure_warning(config["server"]["host"])
+    ):
+        print(f"Config warning: {exposed}", file=sys.stderr)
+    for said in url_backend_warnings(config):
+        print(f"Config warning: {said}", file=sys.stderr)
 RUN = config["run_id"]
 # The serve rule's interpreter: under `--sdm conda` the rule's own environment's `python`
 # (its `conda:` env is on PATH); otherwise the interpreter Snakemake runs in, which need not be

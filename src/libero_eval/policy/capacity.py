@@ -269,15 +269,11 @@ class CapacityProbe:
     ) -> dict[str, Any]:
         """The capacity entry of the server at ``url``; ``captured()``: the batch sizes whose
         graphs its log says it captured (the serve job reads the serve log), or None."""
-        families.load_modules(list(self.family_modules))
-        adapter = make_adapter(self.family, dict(self.policy))
-        spec = policy_connection_spec(url, self.family, dict(self.policy))
+        adapter = self.adapter()
         observation = synthetic_observation(self.camera_size, self.privileged_state)
 
         def connect_once() -> PolicyConnection:
-            return connect(
-                spec, timeout_s=self.timeout_s, max_retries=0, timeout_setting=self.timeout_setting
-            )
+            return self.connect(url)
 
         warmed = None
         if self.graph_batches:
@@ -290,6 +286,20 @@ class CapacityProbe:
             warmup=0 if warmed else WARMUP_CALLS,  # the graph warm-up ran every size already
         )
         return entry | {"graph_warmup": warmed} if warmed else entry
+
+    def adapter(self) -> PolicyAdapter:
+        """The family's adapter (its package registered first, ``family_modules``)."""
+        families.load_modules(list(self.family_modules))
+        return make_adapter(self.family, dict(self.policy))
+
+    def connect(self, url: str) -> PolicyConnection:
+        """A connection to the family's endpoint at ``url``: one try a request, within the
+        probe's timeout."""
+        families.load_modules(list(self.family_modules))
+        spec = policy_connection_spec(url, self.family, dict(self.policy))
+        return connect(
+            spec, timeout_s=self.timeout_s, max_retries=0, timeout_setting=self.timeout_setting
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)} | {

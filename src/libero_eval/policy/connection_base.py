@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 import time
 from collections.abc import Callable
 from typing import Self, TypedDict, TypeVar
@@ -14,22 +13,11 @@ import requests
 
 from libero_eval.failures import Action, FailureKind, FailurePolicy
 from libero_eval.policy.errors import PolicyClientError, PolicyServerUnavailable
+from libero_eval.service import is_loopback
 
 WIRE_FORMATS = ("msgpack", "json")
 
 T = TypeVar("T")
-
-
-def is_loopback(host: str | None) -> bool:
-    """True for ``localhost`` and loopback addresses."""
-    if not host:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 class ConnectionOptions(TypedDict, total=False):

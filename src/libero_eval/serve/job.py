@@ -26,6 +26,10 @@ the event log gets one "server start" line with them.
 Stops on SIGTERM (Snakemake, once every consumer finished), SIGINT, SIGHUP, or the death of
 the parent process; then the server's whole process tree is torn down and the exit code is 0.
 A server that fails to start or dies while serving gives exit code 1; bad settings give 2.
+
+With ``server.backend: url`` nothing is started: the server is one the user runs, and the job
+checks, probes and announces it the same way, then leaves it running
+(`libero_eval.serve.url_server`).
 """
 
 from __future__ import annotations
@@ -39,18 +43,18 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from libero_eval.eventlog import log_event
 from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.serve.command import ServerHostError, build_command, resolve_port
+from libero_eval.serve.events import EventLog, StopRequest, describe_capacity, now_iso, say
 from libero_eval.serve.launcher import LaunchAborted, ManagedServer, ServerStartError
 from libero_eval.serve.settings import ServerSettings, ServerSettingsError
 from libero_eval.serve.startup import denoise_graphs_captured, describe_parts, read_startup_parts
+from libero_eval.serve.url_server import UrlSlot
 from libero_eval.service import ParentWatch, write_service_file
 
 EXIT_STOPPED = 0
@@ -61,53 +65,6 @@ TRACK_DESCENDANTS_EVERY_S = 5.0
 #: (a server's URL, captured=() -> the graph batch sizes its log shows) -> its capacity entry
 #: (`libero_eval.policy.capacity.CapacityProbe`)
 Probe = Callable[..., dict[str, Any]]
-
-
-class StopRequest:
-    """A stop flag safe to set from a signal handler (no locks, unlike threading.Event)."""
-
-    def __init__(self) -> None:
-        self.reason: str | None = None
-
-    def request(self, reason: str) -> None:
-        if self.reason is None:
-            self.reason = reason
-
-    def is_set(self) -> bool:
-        return self.reason is not None
-
-    def wait(self, timeout: float | None = None) -> bool:
-        """Sleep up to `timeout` seconds in short slices; True once a stop is requested."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while not self.is_set():
-            left = 0.1 if deadline is None else min(0.1, deadline - time.monotonic())
-            if left <= 0:
-                break
-            time.sleep(left)
-        return self.is_set()
-
-
-def _now_iso() -> str:
-    return datetime.now().astimezone().isoformat(timespec="seconds")
-
-
-class EventLog:
-    """Milestone lines `YYYY-mm-dd HH:MM:SS [serve slot=K] <message>` in the run's event log."""
-
-    def __init__(self, path: str | None, slot: int):
-        self.path = path
-        self.source = f"serve slot={slot}"
-
-    def write(self, message: str) -> None:
-        try:
-            log_event(self.path, self.source, message)
-        except OSError as exc:
-            _say(f"cannot append to the event log {self.path}: {exc}", error=True)
-
-
-def _say(message: str, error: bool = False) -> None:
-    stream = sys.stderr if error else sys.stdout
-    print(f"[libero_eval.serve.job] {message}", file=stream, flush=True)
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -135,17 +92,6 @@ def load_probe(text: str | None) -> Probe | None:
         return CapacityProbe.from_dict(json.loads(text))
     except (json.JSONDecodeError, TypeError, ValueError) as exc:
         raise ServerSettingsError(f"--capacity-probe: {exc}") from exc
-
-
-def describe_capacity(capacity: dict[str, Any]) -> str:
-    """The event log's line: ``capacity: batch 1 in 0.84 s, batch 8 in 2.16 s: 3.70 obs/s``."""
-    probes = ", ".join(
-        f"batch {p['observations']}"
-        + (f" ({p['requests']} requests)" if p["requests"] > 1 else "")
-        + f" in {p['seconds']:.2f} s"
-        for p in capacity["probes"]
-    )
-    return f"capacity: {probes}: {capacity['obs_per_s']:.2f} obs/s"
 
 
 def _ranges(sizes: Sequence[int]) -> str:
@@ -210,13 +156,13 @@ class _Slot:
         self.events = events
         self.info: dict[str, Any] = {
             "slot": settings.slot,
-            "url": settings.url,
+            "url": settings.base_url,
             "backend": settings.backend,
             "health_path": settings.health_path,
             "pid": None,
             "pgid": None,
             "launcher_pid": os.getpid(),
-            "started_at": _now_iso(),
+            "started_at": now_iso(),
             "status": "starting",
             # epoch seconds of the start's steps (module doc); filled in as they happen
             "timeline": {"launch": None, "healthy": None, "probe_done": None, "ready": None},
@@ -227,9 +173,9 @@ class _Slot:
         write_service_file(self.service_file, self.info)
 
     def fail(self, report: str, headline: str) -> int:
-        _say(report, error=True)
+        say(report, error=True)
         self.server.stop()
-        self.publish("failed", error=headline, stopped_at=_now_iso())
+        self.publish("failed", error=headline, stopped_at=now_iso())
         self.events.write(f"server failed: {headline}")
         return EXIT_SERVER_FAILED
 
@@ -247,7 +193,7 @@ class _Slot:
             )
         except Exception as exc:  # noqa: BLE001 - a probe never fails the server
             message = f"capacity probe failed after {time.monotonic() - started:.1f} s: {exc!r}"
-            _say(f"warning: {message}", error=True)
+            say(f"warning: {message}", error=True)
             self.events.write(f"warning: {message}")
             return time.monotonic() - started
         self.info["capacity"] = capacity
@@ -277,11 +223,11 @@ class _Slot:
         self.events.write(line)
 
     def stopped(self, reason: str) -> int:
-        _say(f"stopping: {reason}")
+        say(f"stopping: {reason}")
         started = time.monotonic()
         self.server.stop()
         teardown_s = time.monotonic() - started
-        self.publish("stopped", error=f"stopped: {reason}", stopped_at=_now_iso())
+        self.publish("stopped", error=f"stopped: {reason}", stopped_at=now_iso())
         self.events.write(f"server stopped: {reason} (teardown {teardown_s:.1f} s)")
         return EXIT_STOPPED
 
@@ -296,7 +242,7 @@ class _Slot:
             return self.fail(str(exc), str(exc).splitlines()[0])
         self.publish("starting", pid=server.pid, pgid=server.pgid)
         threads = server.env.get("OMP_NUM_THREADS")
-        _say(
+        say(
             f"slot {settings.slot}: started pid {server.pid} (OMP_NUM_THREADS={threads}), "
             f"waiting for {server.url}{settings.health_path}"
         )
@@ -317,8 +263,8 @@ class _Slot:
         # the event line first: whoever sees "ready" in the service file finds it in the log
         self.events.write(f"server ready: {server.url} ({startup_s:.1f} s)")
         timeline["ready"] = time.time()
-        self.publish("ready", ready_at=_now_iso(), startup_s=round(startup_s, 1))
-        _say(f"slot {settings.slot}: ready at {server.url} after {startup_s:.1f} s")
+        self.publish("ready", ready_at=now_iso(), startup_s=round(startup_s, 1))
+        say(f"slot {settings.slot}: ready at {server.url} after {startup_s:.1f} s")
         last_tracked = time.monotonic()
         while not stop.wait(min(1.0, settings.health_poll_s)):
             code = server.poll()
@@ -342,7 +288,7 @@ def main(argv: Sequence[str] | None = None, probe: Probe | None = None) -> int:
         settings = load_settings(args)
         probe = probe or load_probe(args.capacity_probe)
     except ServerSettingsError as exc:
-        _say(str(exc), error=True)
+        say(str(exc), error=True)
         return EXIT_BAD_SETTINGS
 
     stop = StopRequest()
@@ -354,6 +300,11 @@ def main(argv: Sequence[str] | None = None, probe: Probe | None = None) -> int:
     service_file = Path(args.service_file)
     with contextlib.suppress(FileNotFoundError):
         service_file.unlink()  # never let consumers see a previous run's file
+    if settings.backend == "url":  # a server the user runs: checked, never started or stopped
+        try:
+            return UrlSlot(settings, service_file, events, probe).run(stop)
+        finally:
+            watch.stop()
     try:
         slot = _Slot(resolve_port(settings), service_file, events, probe)
     except ServerHostError as exc:  # no server started: the service file tells the shards

@@ -156,7 +156,7 @@ class ManagedServer:
 
     @property
     def url(self) -> str:
-        return self.settings.url
+        return self.settings.base_url
 
     @property
     def pid(self) -> int | None:

@@ -48,6 +48,7 @@ PORT = {"type": ["integer", "null"], "minimum": 1, "maximum": 65535}
 COMMAND = {"type": "array", "minItems": 1, "items": {"type": "string"}}
 HEALTH_PATH = settings_schema.section("server", "openpi")["properties"]["health_path"]
 URL_PATH = {"type": "string", "pattern": HEALTH_PATH["pattern"]}  # as server.openpi.health_path
+SERVER_URL = settings_schema.section("server", "url")["properties"]["urls"]["items"]
 
 
 class ServerSettingsError(ValueError):
@@ -269,6 +270,25 @@ class FamilyServerSettings:
     health_path: str = field(metadata=field_schema(URL_PATH))
 
 
+@dataclass(frozen=True)
+class UrlServerSettings:
+    """A server the user already runs (backend `url`): the slot's URL and the config field that
+    names it (`server.url.urls[k]`, said in every error about it), its readiness path (the
+    family's endpoint's), the weights it must report (`model_id`) and how long a URL that
+    nothing answers is tried (`connect_timeout_s`). The serve job checks and probes it and
+    never starts or stops it (`libero_eval.serve.url_server`)."""
+
+    SECTION: ClassVar[tuple[str, ...]] = ("server", "url")
+
+    model_id: str | None
+    connect_timeout_s: float
+    # the slot's own (config_server composes them): its URL, the field it came from, and the
+    # readiness path of the family's endpoint
+    url: str = field(metadata=field_schema(SERVER_URL))
+    source: str = field(metadata=field_schema({"type": "string", "minLength": 1}))
+    health_path: str = field(metadata=field_schema(URL_PATH))
+
+
 def has_its_backends_section(settings: ServerSettings, where: str) -> str | None:
     """The backend's own section is given (`server.<backend>`); the others are left out."""
     if getattr(settings, settings.backend) is None:
@@ -298,7 +318,7 @@ def pins_a_gpu_per_sglang_gpu(settings: ServerSettings, where: str) -> str | Non
 
 # The backends that have a section of their own (`server.<backend>`): each slot's settings
 # carry only their backend's.
-BACKEND_SECTIONS = ("reference", "sglang", "openpi", "family")
+BACKEND_SECTIONS = ("reference", "sglang", "openpi", "family", "url")
 
 
 @dataclass(frozen=True)
@@ -345,6 +365,7 @@ class ServerSettings:
     sglang: SglangServerSettings | None = None
     openpi: OpenpiServerSettings | None = None
     family: FamilyServerSettings | None = None
+    url: UrlServerSettings | None = None
 
     @classmethod
     def from_dict(cls, data: Any, where: str = "server") -> ServerSettings:
@@ -370,15 +391,20 @@ class ServerSettings:
 
     @property
     def health_path(self) -> str:
-        """Readiness path: openpi's `/healthz`, a family server's own, SGLang's and the
-        reference server's `/health`."""
+        """Readiness path: openpi's `/healthz`, a family server's own, a URL server's family
+        endpoint's, SGLang's and the reference server's `/health`."""
+        if self.url is not None:
+            return self.url.health_path
         if self.family is not None:
             return self.family.health_path
         return self.openpi.health_path if self.openpi is not None else "/health"
 
     @property
-    def url(self) -> str:
-        """Base URL clients use (wildcard listen addresses are reached through loopback)."""
+    def base_url(self) -> str:
+        """Base URL clients use: a URL server's own, else the launched server's host and port
+        (wildcard listen addresses are reached through loopback)."""
+        if self.url is not None:
+            return self.url.url
         return f"http://{_url_host(self.host)}:{self.port}"
 
 
