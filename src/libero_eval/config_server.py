@@ -84,6 +84,29 @@ def slot_gpu_ids(config: dict[str, Any], slot: int) -> int | list[int] | None:
     return devices[0] if devices is not None and len(devices) == 1 else devices
 
 
+def visible_gpus() -> list[int]:
+    """This machine's GPUs as CUDA numbers them: CUDA_VISIBLE_DEVICES where it lists ids, else
+    one per entry of /proc/driver/nvidia/gpus (the NVIDIA driver's); empty without a GPU."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        parts = [p.strip() for p in visible.split(",") if p.strip()]
+        if all(p.isdigit() for p in parts):
+            return [int(p) for p in parts]
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return list(range(len(list(gpus.iterdir())))) if gpus.is_dir() else []
+
+
+def gpu_pool(config: dict[str, Any], training_run: bool) -> list[int] | None:
+    """The GPUs a training run's servers take one by one, locally (`serve.gpu_pool`): its
+    checkpoints' servers start as others finish, so no slot index names a GPU.
+    `server.gpu_ids`, else every GPU :func:`visible_gpus` finds. None where the slot pins its
+    GPUs as in a single run, or Slurm assigns them, or the server runs on no GPU."""
+    if not training_run or not server_on_gpu(config) or "SLURM_JOB_ID" in os.environ:
+        return None
+    ids = config["server"]["gpu_ids"]
+    return list(ids) if ids is not None else (visible_gpus() or None)
+
+
 def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
     """Settings of slot `slot`'s server, checked (`ServerSettingsError` names the field); the
     `serve` rule hands them to `libero_eval.serve.job` as `to_json()`, which reads them back."""
