@@ -27,6 +27,7 @@ include: "workflow/rules/report.smk"
 include: "workflow/rules/compare.smk"
 include: "workflow/rules/leaderboard.smk"
 include: "workflow/rules/selftest.smk"
+include: "workflow/rules/checkpoints.smk"
 
 
 rule all:

@@ -27,6 +27,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
             "failures",
             "service",
             "interrupt",
+            "checkpoint_identity",
         ),
     ),
     ("episodes", ("plan", "store")),
@@ -34,10 +35,10 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # The two sides of a run: the rollout side (`rollout`) and the server side (`serve`,
     # `reference`); neither imports the other (test below), both get settings built above.
     ("jobs", ("rollout", "serve", "reference")),
-    ("config", ("config_layout", "config_server", "config_rules", "config")),
+    ("config", ("config_layout", "config_server", "config_rules", "checkpoints", "config")),
     ("analysis", ("analysis",)),
     ("report", ("report",)),
-    ("commands", ("cli", "schema_doc")),
+    ("commands", ("cli", "schema_doc", "watch")),
 )
 
 # The families (`libero_eval.policy.families.<name>`, both sides of the wire: the client's adapter

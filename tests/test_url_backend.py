@@ -400,3 +400,25 @@ def test_a_run_against_a_warm_user_server_records_its_episodes_and_leaves_it_ser
         # the server outlived the workflow and still serves
         assert server.poll() is None and answers_health(url)
         assert checked(config).capacity_probe(url)["obs_per_s"] > 0
+
+
+def test_a_training_run_against_user_servers_gives_each_checkpoint_its_own():
+    """`checkpoints:` named, each served by servers the user runs: each checkpoint's slots
+    take its URLs and its episodes their own store; one list for several checkpoints is
+    refused naming the field."""
+    config = url_config(
+        {"step-1000": ["http://127.0.0.1:1"], "step-2000": ["http://127.0.0.1:2"]}, model_id="m"
+    )
+    config["checkpoints"] = [{"name": "step-1000", "step": 1000}, {"name": "step-2000"}]
+    run = checked(config)
+    checkpoints = run.checkpoints
+    assert [c.name for c in checkpoints] == ["step-1000", "step-2000"]
+    own = [run.for_checkpoint(c) for c in checkpoints]
+    assert [o.server(0).url.url for o in own] == ["http://127.0.0.1:1", "http://127.0.0.1:2"]
+    assert own[0].fingerprint != own[1].fingerprint
+    config["server"]["url"]["urls"] = ["http://127.0.0.1:1"]
+    with pytest.raises(ConfigError, match=r"server\.url\.urls is a list with 2 checkpoints"):
+        checked(config)
+    config["server"]["url"]["urls"] = {"step-1000": ["http://127.0.0.1:1"]}
+    with pytest.raises(ConfigError, match=r"lists no servers for checkpoint 'step-2000'"):
+        checked(config)

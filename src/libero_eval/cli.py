@@ -3,6 +3,7 @@
 libero-eval status results/<run>            one line, also while the evaluation runs
 libero-eval compare <baseline> <candidate>  paired comparison of two finished runs
 libero-eval leaderboard [results/ | runs...] one row per run: Markdown, CSV and an HTML page
+libero-eval watch DIR --configfile my.yaml  evaluate a training run's checkpoints as they appear
 """
 
 from __future__ import annotations
@@ -198,6 +199,36 @@ def _leaderboard(args: argparse.Namespace) -> int:
     return 0
 
 
+def _watch(args: argparse.Namespace) -> int:
+    from libero_eval.watch import Watcher, snakemake_runner, watch
+
+    directory = Path(args.directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory}: no such directory (the training run's output)")
+    for path in args.configfile:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"--configfile {path}: no such file")
+    watcher = Watcher(
+        directory,
+        snakemake_runner(args.configfile, args.cores, args.snakemake_args),
+        pattern=args.pattern,
+        stable_s=args.stable_s,
+        marker=args.marker,
+        say=lambda line: print(line, flush=True),
+    )
+    print(
+        f"[watch] {directory / args.pattern}: a checkpoint is evaluated once "
+        + (f"it has {args.marker} and " if args.marker else "")
+        + f"its files are {args.stable_s:g} s old; looking every {args.poll_s:g} s",
+        flush=True,
+    )
+    try:
+        return watch(watcher, args.poll_s, once=args.once)
+    except KeyboardInterrupt:
+        print("[watch] stopped", file=sys.stderr)
+        return 130
+
+
 def config_value(*path: str) -> Callable[[str], Any]:
     """An argparse ``type`` for a flag that stands for the config field at ``path``: the text
     read as a config's YAML would give it, checked against the field's subschema (the error
@@ -289,6 +320,39 @@ def build_parser() -> argparse.ArgumentParser:
         help="compute each comparable pair's paired test (else print its command line)",
     )
     board.set_defaults(handler=_leaderboard)
+
+    watcher = commands.add_parser(
+        "watch",
+        help="evaluate a training run's checkpoints as they appear (one evaluation at a time)",
+        description="Poll DIR for complete checkpoints and run the workflow on them "
+        "(checkpoints: in an overlay config), only the new episodes running; docs/training_runs.md",
+    )
+    watcher.add_argument("directory", help="where the training run writes its checkpoints")
+    watcher.add_argument(
+        "--configfile",
+        nargs="+",
+        required=True,
+        help="the run's config file(s), as for snakemake --configfile",
+    )
+    watcher.add_argument(
+        "--pattern", default="checkpoint-*", help="checkpoint directories in DIR (a glob)"
+    )
+    watcher.add_argument("--poll-s", type=float, default=60.0, help="seconds between looks")
+    watcher.add_argument(
+        "--stable-s",
+        type=float,
+        default=120.0,
+        help="a checkpoint is complete once none of its files changed for this long",
+    )
+    watcher.add_argument("--marker", help="and once it holds this file (e.g. trainer_state.json)")
+    watcher.add_argument("--cores", default="all", help="snakemake --cores")
+    watcher.add_argument("--once", action="store_true", help="look once, evaluate, exit")
+    watcher.add_argument(
+        "snakemake_args",
+        nargs="*",
+        help="after --: more snakemake arguments (e.g. -- --resources gpu=8)",
+    )
+    watcher.set_defaults(handler=_watch)
     return parser
 
 

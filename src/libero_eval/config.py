@@ -11,21 +11,30 @@ rollout fingerprint. `docs/design.md` walks two fields from the config to their 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from libero_eval import settings_schema
 from libero_eval import suites as suite_catalog
+from libero_eval.checkpoint_identity import Checkpoint, HashCache
+from libero_eval.checkpoints import checkpoint_config, hashed, list_checkpoints
 from libero_eval.config_layout import (  # re-exported: the config as written, checked
     ConfigDeprecationWarning,
     ConfigError,
     check_family_fields,
     validate_config,
 )
-from libero_eval.config_rules import RUN_RULES, sends_privileged_state
+from libero_eval.config_rules import (
+    CHECKPOINT_RULES,
+    CHECKPOINT_SERVER_RULES,
+    RUN_RULES,
+    sends_privileged_state,
+)
 from libero_eval.config_server import (
     family_settings,
+    gpu_pool,
     server_on_gpu,
     server_policy_settings,
     server_settings,
@@ -45,7 +54,8 @@ from libero_eval.rollout.render_device import RenderPlan, plan_render_env
 from libero_eval.rollout.shard_job import RolloutJob, ShardPaths
 from libero_eval.rollout.shard_settings import ShardSettings
 from libero_eval.serve.settings import ServerSettings
-from libero_eval.store import fingerprint
+from libero_eval.service import wait_for_gpu
+from libero_eval.store import EpisodeStore, fingerprint
 
 __all__ = [
     "ConfigDeprecationWarning",
@@ -57,20 +67,47 @@ __all__ = [
 ]
 
 
-def check_config(config: dict[str, Any]) -> RunSettings:
+def check_config(config: dict[str, Any], hash_cache: str | Path | None = None) -> RunSettings:
     """The checks a schema cannot make, on a config the schema checked and filled (the
     workflow's :func:`validate_config`): each of :data:`RUN_RULES` in turn, the first broken
     one a `ConfigError` naming the fields and the fix. Returns the run's settings, whose
-    adapter has loaded the statistics file while checking it."""
-    settings = RunSettings(config)
-    for rule in RUN_RULES:
+    adapter has loaded the statistics file while checking it.
+
+    A run of several checkpoints (`checkpoints:`) checks :data:`CHECKPOINT_RULES`, then each
+    checkpoint's own config (`checkpoints.checkpoint_config`) by the run's rules: the first in
+    full, the others by the rules of the server and the family (whose check says whether the
+    directory is a checkpoint it can be served from); then it hashes each checkpoint's files,
+    with `hash_cache` (a JSON file) keeping the hashes of unchanged files."""
+    settings = RunSettings(config, hash_cache=hash_cache)
+    if not settings.is_training_run:
+        _apply(RUN_RULES, config, settings)
+        return settings
+    _apply(CHECKPOINT_RULES, config, settings)
+    checkpoints, _ = settings.listed_checkpoints
+    for position, checkpoint in enumerate(checkpoints):
+        own = settings.for_checkpoint(checkpoint)
+        rules = RUN_RULES if position == 0 else CHECKPOINT_SERVER_RULES
+        try:
+            _apply(rules, own.config, own)
+        except ConfigError as exc:
+            family = families.get(config["policy"]["family"])
+            raise ConfigError(
+                f"checkpoints[{checkpoint.entry}]: {checkpoint.path} cannot be served as a "
+                f"{family.title} checkpoint with server.backend {config['server']['backend']}; "
+                f"checked as that backend's model: {exc}"
+            ) from None
+    settings.checkpoints  # noqa: B018 (hashed once, here)
+    return settings
+
+
+def _apply(rules: tuple[Any, ...], config: dict[str, Any], settings: RunSettings) -> None:
+    for rule in rules:
         try:
             rule(config, settings)
         except ConfigError:
             raise
         except ValueError as exc:  # a part's own error (ServerSettingsError, ...) names the field
             raise ConfigError(str(exc)) from exc
-    return settings
 
 
 def run_seeds(config: dict[str, Any]) -> list[int] | None:
@@ -147,20 +184,23 @@ def envs_per_shard(config: dict[str, Any]) -> int:
     return rollout["total_num_envs"] // (config["server"]["num_slots"] * rollout["shards_per_slot"])
 
 
-def _fingerprint(config: dict[str, Any], adapter: PolicyAdapter) -> str:
+def _fingerprint(
+    config: dict[str, Any], adapter: PolicyAdapter, checkpoint: Checkpoint | None = None
+) -> str:
     # rollout is the one section taken whole; the schema marks what of it changes no outcome
     # (`x-fingerprint: false`: throughput knobs, resources, and render/reset modes that are
     # byte-identical by test, tests/test_episode_determinism.py)
     rollout = settings_schema.without_outcome_neutral(config["rollout"], "rollout")
     rollout["send_privileged_state"] = sends_privileged_state(config)  # null stands for this
-    return fingerprint(
-        {
-            "seed": episode_protocol(config).seed,
-            "policy": adapter.outcome_settings(),
-            "rollout": rollout,
-            "server": server_policy_settings(config),
-        }
-    )
+    settings = {
+        "seed": episode_protocol(config).seed,
+        "policy": adapter.outcome_settings(),
+        "rollout": rollout,
+        "server": server_policy_settings(config),
+    }
+    if checkpoint is not None:  # its files' content hash (a single run's fingerprint has none)
+        settings["checkpoint"] = checkpoint.identity()
+    return fingerprint(settings)
 
 
 class RunSettings:
@@ -170,8 +210,15 @@ class RunSettings:
     with `RunSettings(config)` from the config Snakemake hands it.
     """
 
-    def __init__(self, config: dict[str, Any]):
+    def __init__(
+        self,
+        config: dict[str, Any],
+        checkpoint: Checkpoint | None = None,
+        hash_cache: str | Path | None = None,
+    ):
         self.config = config
+        self.checkpoint = checkpoint  # one checkpoint of a training run (for_checkpoint)
+        self.hash_cache = hash_cache  # where checkpoints' file hashes are kept (checkpoints)
         try:  # a job's process registers the config's own families too
             families.load_config_modules(config)
         except ValueError as exc:
@@ -179,7 +226,36 @@ class RunSettings:
 
     @property
     def run_id(self) -> str:
-        return self.config["run_id"]
+        """The run's id; a checkpoint's settings: ``<run_id>/<checkpoint>`` (its result rows
+        and summary say which checkpoint they are)."""
+        run_id = self.config["run_id"]
+        return f"{run_id}/{self.checkpoint.name}" if self.checkpoint else run_id
+
+    @property
+    def is_training_run(self) -> bool:
+        """Whether the config lists checkpoints (`checkpoints:`) rather than one model."""
+        return bool(self.config.get("checkpoints"))
+
+    @cached_property
+    def listed_checkpoints(self) -> tuple[list[Checkpoint], list[str]]:
+        """(the checkpoints, not yet hashed, in order; notes for the log)
+        (`checkpoints.list_checkpoints`)."""
+        return list_checkpoints(self.config)
+
+    @cached_property
+    def checkpoints(self) -> tuple[Checkpoint, ...]:
+        """Every checkpoint of `checkpoints:`, in order, its files hashed (`hash_cache` keeps
+        the hashes of files whose path, size and mtime are unchanged)."""
+        cache = HashCache(self.hash_cache)
+        try:
+            return tuple(hashed(c, cache) for c in self.listed_checkpoints[0])
+        finally:
+            cache.save()
+
+    def for_checkpoint(self, checkpoint: Checkpoint) -> RunSettings:
+        """The settings of one checkpoint's jobs: the config `checkpoints.checkpoint_config`
+        gives, its fingerprint with the checkpoint's content hash."""
+        return RunSettings(checkpoint_config(self.config, checkpoint), checkpoint)
 
     @property
     def server_on_gpu(self) -> bool:
@@ -226,11 +302,19 @@ class RunSettings:
     @cached_property
     def fingerprint(self) -> str:
         """Hash of every setting that changes an episode's outcome (not throughput knobs)."""
-        return _fingerprint(self.config, self.adapter)
+        return _fingerprint(self.config, self.adapter, self.checkpoint)
+
+    @cached_property
+    def gpu_pool(self) -> list[int] | None:
+        """The GPUs a checkpoint's servers take from, locally (`config_server.gpu_pool`); None
+        where a slot's GPUs are fixed (a single run) or Slurm's."""
+        return gpu_pool(self.config, training_run=self.checkpoint is not None)
 
     def server(self, slot: int) -> ServerSettings:
-        """Slot `slot`'s server settings, for `libero_eval.serve.job`."""
-        return server_settings(self.config, slot)
+        """Slot `slot`'s server settings, for `libero_eval.serve.job` (with a GPU pool, its
+        GPU is the one the job takes)."""
+        settings = server_settings(self.config, slot)
+        return replace(settings, gpu_id=None) if self.gpu_pool else settings
 
     @cached_property
     def failures(self) -> FailurePolicy:
@@ -267,22 +351,41 @@ class RunSettings:
             graph_batches=tuple(graph_batches(self.config)) if graph_batches else (),
         )
 
-    def render_plan(self, slot: int) -> RenderPlan:
-        """Where slot `slot`'s env workers render (`rollout.render_device`), as env variables."""
+    def render_plan(self, slot: int, gpu: int | list[int] | None = None) -> RenderPlan:
+        """Where slot `slot`'s env workers render (`rollout.render_device`), as env variables;
+        `gpu`: the slot's GPU where its serve job took it from the pool."""
         rollout = self.config["rollout"]
         return plan_render_env(
             rollout["render_device"],
             mujoco_gl=rollout["mujoco_gl"],
-            slot_gpu_ids=slot_gpu_ids(self.config, slot),
+            slot_gpu_ids=gpu if self.gpu_pool else slot_gpu_ids(self.config, slot),
             backend=self.config["server"]["backend"],
         )
+
+    def renders_on_the_slots_gpu(self) -> bool:
+        """Whether the env workers render on their server's GPU (`rollout.render_device`)."""
+        choice = self.config["rollout"]["render_device"]
+        return choice == "slot_gpu" or (
+            choice == "auto" and self.config["server"]["backend"] == "sglang"
+        )
+
+    def _pooled_render_plan(self, shard: Shard, paths: ShardPaths) -> RenderPlan:
+        """With a GPU pool the slot's GPU is the one its serve job took: read from its service
+        file, once the job holds it (a shard with no episode left starts no env)."""
+        if not self.renders_on_the_slots_gpu():
+            return self.render_plan(shard.slot)
+        if len(EpisodeStore(paths.store).finished(shard.episodes)) == len(shard.episodes):
+            return RenderPlan("no GPU: every episode of the shard is finished", {})
+        timeout = self.config["server"]["health_timeout_s"]
+        return self.render_plan(shard.slot, wait_for_gpu(paths.service_file, timeout))
 
     def rollout_job(self, shard_name: str, envs_per_shard: int, paths: ShardPaths) -> RolloutJob:
         """A rollout job, composed once: its shard (from ``paths.plan``), where its env workers
         render (raises `RenderDeviceError` before any env starts) and its settings, with the
         built adapter. `envs_per_shard` is the job's threads (see :meth:`shard_settings`)."""
         shard = read_shard(paths.plan, shard_name)
-        render = self.render_plan(shard.slot)
+        render = self._pooled_render_plan(shard, paths) if self.gpu_pool else None
+        render = render or self.render_plan(shard.slot)
         settings = self.shard_settings(
             shard_name, shard.slot, envs_per_shard, paths.event_log, paths.video_dir, render
         )

@@ -16,7 +16,12 @@ from typing import Any
 
 from libero_eval import suites as suite_catalog
 from libero_eval.config_layout import ConfigError
-from libero_eval.config_server import gpus_per_slot, slot_urls
+from libero_eval.config_server import (
+    CHECKPOINT_SERVERS,
+    PATHLESS_BACKENDS,
+    gpus_per_slot,
+    slot_urls,
+)
 from libero_eval.policy import families
 
 
@@ -185,5 +190,55 @@ RUN_RULES = (
     each_slots_server_is_valid,
     envs_split_over_the_shards,
     gpu_ids_cover_the_slots,
+    privileged_state_only_for_the_expert,
+)
+
+
+def checkpoints_name_the_models(config: dict[str, Any], settings: Any) -> None:
+    """With `checkpoints:` the backend takes a checkpoint (`config_server.CHECKPOINT_SERVERS`),
+    `server.sglang.model_path` is left to them, servers take free ports (several checkpoints'
+    servers run at once) and no self-test is asked (it judges one model)."""
+    server = config["server"]
+    backend = server["backend"]
+    if backend not in CHECKPOINT_SERVERS and backend not in PATHLESS_BACKENDS:
+        raise ConfigError(
+            f"checkpoints: server.backend {backend} cannot evaluate checkpoints; use one of "
+            f"{', '.join(CHECKPOINT_SERVERS)} (or evaluate one model without checkpoints:)"
+        )
+    if backend == "url" and not isinstance(server["url"]["urls"], dict):
+        named = len(config["checkpoints"] or ())
+        if named > 1:
+            raise ConfigError(
+                f"server.url.urls is a list with {named} checkpoints: each checkpoint needs "
+                "servers of its own; map each checkpoint's name to its URLs "
+                "(server.url.urls: {name: [url, ...]})"
+            )
+    if backend == "sglang" and server["sglang"]["model_path"] is not None:
+        raise ConfigError(
+            "server.sglang.model_path and checkpoints are both set: each checkpoint is served "
+            "as the model, so leave server.sglang.model_path null (or drop checkpoints: to "
+            "evaluate that one model)"
+        )
+    if server["port"]:
+        raise ConfigError(
+            f"server.port {server['port']} with checkpoints: servers of several checkpoints run "
+            "at once and would take the same ports; set server.port: 0 (a free port each)"
+        )
+    if config["selftest"]["min_success_once"] is not None:
+        raise ConfigError(
+            "selftest.min_success_once with checkpoints: the self-test judges one model; run "
+            "it without checkpoints:, or set it to null"
+        )
+
+
+# What `libero_eval.config.check_config` checks of a config with `checkpoints:` before each
+# checkpoint's own config is checked by RUN_RULES (the first) or CHECKPOINT_SERVER_RULES.
+CHECKPOINT_RULES = (checkpoints_name_the_models,)
+# The rules a checkpoint's own config may break where the first checkpoint's did not: its
+# server and the family's check of its model.
+CHECKPOINT_SERVER_RULES = (
+    backend_serves_the_family,
+    family_accepts_the_run,
+    each_slots_server_is_valid,
     privileged_state_only_for_the_expert,
 )

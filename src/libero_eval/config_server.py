@@ -5,16 +5,23 @@ policy family is registered first (`config.RunSettings`, `config.check_config`).
 
 With `server.backend: url` a slot's server is one the user already runs: `slot_urls` reads
 its URL from `server.url.urls` (a list, one per slot; or, for a run of several checkpoints,
-a mapping of checkpoint names to such lists, read with the checkpoint's name)."""
+a mapping of checkpoint names to such lists, read with the checkpoint's name).
+
+In a run of several checkpoints (`checkpoints:`) each checkpoint's slots run with the `server`
+section `checkpoint_server` gives: the config's, with the checkpoint in the place its backend
+names the model (:data:`CHECKPOINT_SERVERS`, one function per backend)."""
 
 from __future__ import annotations
 
+import copy
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from libero_eval import settings_schema
+from libero_eval.checkpoint_identity import REFERENCE_CHECKPOINT_FILE, Checkpoint
 from libero_eval.policy import families
 from libero_eval.policy.families import Family
 from libero_eval.serve.settings import ServerSettings
@@ -176,6 +183,29 @@ def url_server(config: dict[str, Any], slot: int, checkpoint: str | None = None)
     }
 
 
+def visible_gpus() -> list[int]:
+    """This machine's GPUs as CUDA numbers them: CUDA_VISIBLE_DEVICES where it lists ids, else
+    one per entry of /proc/driver/nvidia/gpus (the NVIDIA driver's); empty without a GPU."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        parts = [p.strip() for p in visible.split(",") if p.strip()]
+        if all(p.isdigit() for p in parts):
+            return [int(p) for p in parts]
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return list(range(len(list(gpus.iterdir())))) if gpus.is_dir() else []
+
+
+def gpu_pool(config: dict[str, Any], training_run: bool) -> list[int] | None:
+    """The GPUs a training run's servers take one by one, locally (`serve.gpu_pool`): its
+    checkpoints' servers start as others finish, so no slot index names a GPU.
+    `server.gpu_ids`, else every GPU :func:`visible_gpus` finds. None where the slot pins its
+    GPUs as in a single run, or Slurm assigns them, or the server runs on no GPU."""
+    if not training_run or not server_on_gpu(config) or "SLURM_JOB_ID" in os.environ:
+        return None
+    ids = config["server"]["gpu_ids"]
+    return list(ids) if ids is not None else (visible_gpus() or None)
+
+
 def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
     """Settings of slot `slot`'s server, checked (`ServerSettingsError` names the field); the
     `serve` rule hands them to `libero_eval.serve.job` as `to_json()`, which reads them back."""
@@ -223,3 +253,117 @@ def server_settings(config: dict[str, Any], slot: int) -> ServerSettings:
             "url": url_server(config, slot) if server["backend"] == "url" else None,
         }
     )
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+# Where openpi's server command takes the checkpoint directory (e.g. `policy:checkpoint
+# --policy.dir={checkpoint}`, openpi scripts/serve_policy.py's Checkpoint(dir=...)).
+CHECKPOINT_PLACEHOLDER = "{checkpoint}"
+
+
+class CheckpointFormatError(ValueError):
+    """A directory is not a checkpoint of the run's backend; the message says what it lacks."""
+
+
+def reference_checkpoint(directory: str | Path) -> dict[str, Any]:
+    """The `server.reference` fields a reference-server checkpoint sets: the mapping in its
+    ``reference_checkpoint.yaml`` (docs/training_runs.md), each key a `server.reference` field
+    (or ``step``, its training step, read by `checkpoint_identity.read_step`), each value
+    checked against that field's schema; a path field (``*_path``) relative to the directory.
+    `CheckpointFormatError` names the file and the key."""
+    path = Path(directory) / REFERENCE_CHECKPOINT_FILE
+    if not path.is_file():
+        raise CheckpointFormatError(
+            f"no {REFERENCE_CHECKPOINT_FILE}: a reference-server checkpoint is a directory "
+            f"holding one, whose keys are server.reference fields (policy: hold or scripted, "
+            "action_stats_path, ...) and optionally step (docs/training_runs.md)"
+        )
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise CheckpointFormatError(f"{path}: cannot read it as YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise CheckpointFormatError(f"{path}: expected a mapping of server.reference fields")
+    section = settings_schema.section("server", "reference")["properties"]
+    settings = {}
+    for key, value in data.items():
+        if key == "step":
+            continue
+        if key not in section:
+            raise CheckpointFormatError(
+                f"{path}: {key!r} is not a server.reference field (known: "
+                f"{', '.join(sorted(section))}, and step)"
+            )
+        problems = settings_schema.messages(value, section[key], f"{path}: {key}", fill=False)
+        if problems:
+            raise CheckpointFormatError("; ".join(problems))
+        if key.endswith("_path") and isinstance(value, str) and ":" not in value:
+            value = str((Path(directory) / value).resolve())  # relative to the checkpoint
+        settings[key] = value
+    return settings
+
+
+def _sglang_checkpoint(server: dict[str, Any], checkpoint: Checkpoint) -> None:
+    server["sglang"]["model_path"] = checkpoint.path
+
+
+def _reference_checkpoint(server: dict[str, Any], checkpoint: Checkpoint) -> None:
+    assert checkpoint.path is not None
+    server["reference"].update(reference_checkpoint(checkpoint.path))
+
+
+def _openpi_checkpoint(server: dict[str, Any], checkpoint: Checkpoint) -> None:
+    command = server["openpi"]["command"] or []
+    if not any(CHECKPOINT_PLACEHOLDER in arg for arg in command):
+        raise CheckpointFormatError(
+            f"server.openpi.command names no {CHECKPOINT_PLACEHOLDER}: write it where openpi's "
+            "server takes the checkpoint directory, e.g. policy:checkpoint "
+            f"--policy.dir={CHECKPOINT_PLACEHOLDER}"
+        )
+    server["openpi"]["command"] = [
+        arg.replace(CHECKPOINT_PLACEHOLDER, str(checkpoint.path)) for arg in command
+    ]
+
+
+def _url_checkpoint(server: dict[str, Any], checkpoint: Checkpoint) -> None:
+    urls = server["url"]["urls"]
+    if not isinstance(urls, dict):
+        return  # one checkpoint: the servers `server.url.urls` lists
+    if checkpoint.name not in urls:
+        raise CheckpointFormatError(
+            f"{URLS_FIELD} lists no servers for checkpoint {checkpoint.name!r} (it names "
+            f"{', '.join(sorted(urls)) or 'none'}): add its URLs under its name"
+        )
+    server["url"]["urls"] = list(urls[checkpoint.name])
+
+
+#: server.backend -> how a checkpoint becomes that backend's `server` section (in place). A
+#: backend not listed cannot evaluate checkpoints (`checkpoints:` is refused with it).
+CHECKPOINT_SERVERS: dict[str, Callable[[dict[str, Any], Checkpoint], None]] = {
+    "sglang": _sglang_checkpoint,
+    "reference": _reference_checkpoint,
+    "openpi": _openpi_checkpoint,
+    "url": _url_checkpoint,
+}
+#: Backends whose checkpoints are named, not directories (servers the user runs, by URL).
+PATHLESS_BACKENDS = ("url",)
+
+
+def checkpoint_server(config: dict[str, Any], checkpoint: Checkpoint) -> dict[str, Any]:
+    """The `server` section `checkpoint`'s slots run with: a copy of the config's, with the
+    checkpoint where the backend names its model (sglang: `server.sglang.model_path`; the
+    reference server: the `server.reference` fields of its ``reference_checkpoint.yaml``;
+    openpi: ``{checkpoint}`` in `server.openpi.command`). `CheckpointFormatError` when the
+    checkpoint does not fit the backend."""
+    server = copy.deepcopy(config["server"])
+    apply = CHECKPOINT_SERVERS.get(server["backend"])
+    if apply is None:
+        raise CheckpointFormatError(
+            f"server.backend {server['backend']} cannot evaluate checkpoints: use one of "
+            f"{', '.join(CHECKPOINT_SERVERS)}"
+        )
+    apply(server, checkpoint)
+    return server

@@ -181,6 +181,30 @@ def wait_for_service(
             time.sleep(min(poll_s, remaining))
 
 
+def wait_for_gpu(
+    service_file: str | os.PathLike[str], timeout_s: float, poll_s: float = 0.2
+) -> int | list[int]:
+    """The GPU(s) a serve job took from its pool (`gpu_id` in its service file, written as soon
+    as it holds them, before its server starts), at most ``timeout_s``; raises
+    ServiceUnavailableError when the job failed or stopped first, ServiceWaitTimeout after."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        info = read_service_file(service_file) or {}
+        if info.get("gpu_id") is not None:
+            return info["gpu_id"]
+        if info.get("status") in ("failed", "stopped"):
+            raise ServiceUnavailableError(
+                f"server behind {service_file} is {info['status']} before it took a GPU: "
+                f"{info.get('error') or 'no reason given'}"
+            )
+        if time.monotonic() >= deadline:
+            raise ServiceWaitTimeout(
+                f"server behind {service_file} took no GPU within {timeout_s:g} s "
+                f"({info.get('note') or info.get('status') or 'no service file yet'})"
+            )
+        time.sleep(poll_s)
+
+
 def capacity_of(service_file: str | os.PathLike[str]) -> dict[str, Any] | None:
     """The server's own capacity, as the serve job measured it at start
     (`libero_eval.policy.capacity`): ``{"max_batch_size", "probes", "obs_per_s"}``; None when

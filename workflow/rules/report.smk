@@ -71,7 +71,7 @@ rule report_figures:
     params:
         report=config["report"],
         fingerprint=FINGERPRINT,
-        action_stats=SETTINGS.action_stats,
+        action_stats=ACTION_STATS,
         repo_dir=workflow.basedir,
     script:
         "../scripts/report_figures.py"

@@ -17,11 +17,11 @@ rule rollout:
         * attempt,
         runtime=lambda wc, attempt: config["rollout"]["runtime_min"] * attempt,
     params:
-        fingerprint=FINGERPRINT,
-        store=STORE.root,
+        fingerprint=get_fingerprint,
+        store=get_store,
         service_file=get_service_file_of_shard,
         serve_log=get_serve_log_of_shard,
-        event_log=EVENT_LOG,
-        video_dir=f"results/{RUN}/videos",
+        event_log=get_event_log,
+        video_dir=get_video_dir,
     script:
         "../scripts/rollout.py"

@@ -16,9 +16,10 @@ rule serve:
     params:
         settings=get_server_settings,
         capacity_probe=get_capacity_probe,
-        event_log=EVENT_LOG,
+        event_log=get_event_log,
         python=PYTHON,
+        gpu_pool=get_gpu_pool_args,
     shell:
         "exec {params.python} -m libero_eval.serve.job --settings {params.settings:q}"
         " --capacity-probe {params.capacity_probe:q} --service-file {output}"
-        " --event-log {params.event_log} > {log} 2>&1"
+        " --event-log {params.event_log} {params.gpu_pool} > {log} 2>&1"

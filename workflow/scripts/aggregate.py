@@ -1,18 +1,22 @@
 """Aggregate shard results into per-task / per-suite / overall success tables, and each
 slot's efficiency from the shards' dispatch logs."""
 
+import json
 import os
 
 from libero_eval.analysis.aggregate import write_summary
 from libero_eval.analysis.efficiency import write_efficiency
 
 snakemake = snakemake  # noqa: F821 - injected by Snakemake
+outputs = dict(snakemake.output.items())
+# a checkpoint of a training run: what it ran with (libero_eval.checkpoints.checkpoint_record)
+record_path = outputs.pop("checkpoint", None)
 with open(snakemake.log[0], "w") as log:
     os.dup2(log.fileno(), 2)
     write_summary(
         shard_paths=snakemake.input.shards,
         plan_path=snakemake.input.plan,
-        outputs=dict(snakemake.output.items()),
+        outputs=outputs,
         run_id=snakemake.params.run_id,
         confidence=snakemake.params.report["confidence_level"],
         decimals=snakemake.params.report["decimals"],
@@ -30,3 +34,6 @@ with open(snakemake.log[0], "w") as log:
         markdown_path=snakemake.output.markdown,
         event_log=snakemake.params.event_log,
     )
+    if record_path is not None:
+        with open(record_path, "w") as handle:
+            json.dump(snakemake.params.checkpoint_record, handle, indent=2, sort_keys=True)

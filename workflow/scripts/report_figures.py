@@ -11,8 +11,10 @@ with open(snakemake.log[0], "w") as log:
         episodes_path=snakemake.input.episodes,
         tables_path=snakemake.input.tables,
         outputs=dict(snakemake.output.items()),
-        config=snakemake.config,
+        # a checkpoint's own config (checkpoints.smk), else the run's
+        config=snakemake.params.get("config") or snakemake.config,
         repo_dir=snakemake.params.repo_dir,
         fingerprint=snakemake.params.fingerprint,
         action_stats=snakemake.params.get("action_stats"),
+        checkpoint=snakemake.params.get("checkpoint"),
     )

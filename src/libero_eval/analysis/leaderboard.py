@@ -50,8 +50,9 @@ class RunEntry:
 
 def find_runs(sources: list[str | Path]) -> tuple[list[Path], list[Path]]:
     """(run directories with a summary, started runs without one). A source is a run directory
-    (it must have a summary) or a results directory, whose started runs (a plan.csv) are all
-    taken, those without a summary listed apart."""
+    (it must have a summary), a training run's directory (each of its checkpoints,
+    `checkpoints/<name>/`, is a run of its own) or a results directory, whose started runs (a
+    plan.csv) are all taken, those without a summary listed apart."""
     runs, unsummarized = [], []
     for source in map(Path, sources):
         if not source.is_dir():
@@ -64,12 +65,32 @@ def find_runs(sources: list[str | Path]) -> tuple[list[Path], list[Path]]:
                 )
             runs.append(source)
             continue
-        children = sorted(p for p in source.iterdir() if (p / "plan.csv").is_file())
+        children = _checkpoint_runs(source) or [
+            run
+            for child in sorted(source.iterdir())
+            for run in ([child] if (child / "plan.csv").is_file() else _checkpoint_runs(child))
+        ]
         if not children:
             raise LeaderboardError(f"{source}: holds no runs (no <run>/plan.csv under it)")
         for child in children:
             (runs if (child / SUMMARY).is_file() else unsummarized).append(child)
     return runs, unsummarized
+
+
+def _checkpoint_runs(directory: Path) -> list[Path]:
+    """A training run's checkpoints that have started (`checkpoints/<name>/plan.csv`)."""
+    checkpoints = directory / "checkpoints"
+    if not checkpoints.is_dir():
+        return []
+    return sorted(p for p in checkpoints.iterdir() if (p / "plan.csv").is_file())
+
+
+def run_label(run_dir: Path) -> str:
+    """A run's name on the leaderboard: its id, or ``<run>/<checkpoint>`` for a checkpoint of
+    a training run (results/<run>/checkpoints/<checkpoint>)."""
+    if run_dir.parent.name == "checkpoints":
+        return f"{run_dir.parent.parent.name}/{run_dir.name}"
+    return run_dir.name
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -115,12 +136,15 @@ def read_run(run_dir: Path) -> RunEntry:
     started = (episodes["finished_at"] - episodes["wall_time_s"]).min()
     finished = episodes["finished_at"].max()
     obs_per_s, capacity = _efficiency(run_dir)
+    checkpoint = provenance.get("checkpoint") or {}  # a training run's checkpoint
     row: dict[str, Any] = {
-        "run": run_dir.name,
+        "run": run_label(run_dir),
         "family": model.get("family"),
-        "checkpoint": model.get("model_dir")
+        "checkpoint": checkpoint.get("path")
+        or model.get("model_dir")
         or (f"reference-{model['reference_policy']}" if model.get("reference_policy") else None),
-        "checkpoint_sha256": model.get("model_index_sha256"),
+        "checkpoint_sha256": checkpoint.get("sha256") or model.get("model_index_sha256"),
+        "step": checkpoint.get("step"),
         "protocol": protocols[0] if protocols else None,
         "max_steps": rollout.get("max_steps"),
         "reset_seeding": ",".join(sorted(episodes["reset_seeding"].dropna().unique())),

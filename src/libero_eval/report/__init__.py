@@ -83,9 +83,10 @@ __all__ = [
 class _Run:
     """One run's inputs to the report, each read or built once."""
 
-    def __init__(self, episodes, table, config, repo_dir, fingerprint, action_stats):
+    def __init__(self, episodes, table, config, repo_dir, fingerprint, action_stats, checkpoint):
         self.episodes, self.table, self.config = episodes, table, config
         self.repo_dir, self.fingerprint, self.action_stats = repo_dir, fingerprint, action_stats
+        self.checkpoint = checkpoint  # a training run's checkpoint (its record), or None
         # the validated config has every default; a partial one takes the schema's
         report = {**settings_schema.defaults("report"), **config.get("report", {})}
         self.confidence = report["confidence_level"]
@@ -106,7 +107,12 @@ class _Run:
     def provenance(self) -> dict[str, Any]:
         if self._provenance is None:
             self._provenance = provenance(
-                self.config, self.repo_dir, self.fingerprint, self.episodes, self.action_stats
+                self.config,
+                self.repo_dir,
+                self.fingerprint,
+                self.episodes,
+                self.action_stats,
+                self.checkpoint,
             )
         return self._provenance
 
@@ -172,9 +178,12 @@ def write_report_outputs(
     repo_dir: str | Path = ".",
     fingerprint: str | None = None,
     action_stats: dict[str, str | None] | None = None,
+    checkpoint: dict[str, Any] | None = None,
 ) -> None:
     """Write each output named in `outputs` (keys of OUTPUT_WRITERS). `action_stats` is the
-    client's statistics file as the run's settings read it (`RunSettings.action_stats`)."""
+    client's statistics file as the run's settings read it (`RunSettings.action_stats`);
+    `checkpoint`, a training run's checkpoint as its summary records it
+    (`libero_eval.checkpoints.checkpoint_record`)."""
     from libero_eval.store import read_results
 
     unknown = sorted(set(outputs) - OUTPUT_WRITERS.keys())
@@ -187,6 +196,7 @@ def write_report_outputs(
         repo_dir,
         fingerprint,
         action_stats,
+        checkpoint,
     )
     for key, path in outputs.items():
         path = Path(path)

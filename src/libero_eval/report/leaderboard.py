@@ -90,6 +90,13 @@ def display_rows(table: pd.DataFrame) -> list[list[tuple[str, Any]]]:
                 "checkpoint sha256",
                 (_text(row.get("checkpoint_sha256"))[:12], _text(row.get("checkpoint_sha256"))),
             ),
+            (
+                "step",  # a training run's checkpoint
+                (
+                    number(row.get("step"), "d", ""),
+                    -1 if is_missing(row.get("step")) else row["step"],
+                ),
+            ),
             ("protocol", (row["protocol"], row["protocol"])),
             ("suites", (row["suites"], row["suites"])),
             ("seeds", (row["seeds"], row["seeds"])),

@@ -87,10 +87,12 @@ def provenance(
     fingerprint: str | None = None,
     episodes: pd.DataFrame | None = None,
     action_stats: dict[str, str | None] | None = None,
+    checkpoint: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """What produced the results: model, stats file hash, code commit, package versions.
     `action_stats` is the client's statistics file and hash as the run's settings read them
-    (`libero_eval.config.RunSettings.action_stats`; None when the server holds them)."""
+    (`libero_eval.config.RunSettings.action_stats`; None when the server holds them);
+    `checkpoint`, a training run's checkpoint (name, path, step, content hash, files)."""
     server = config.get("server", {})
     backend = server.get("backend")
     model: dict[str, Any] = {"backend": backend}
@@ -134,6 +136,8 @@ def provenance(
             "protocols": sorted(episodes["protocol"].unique()),
             "server_urls": sorted(episodes["server_url"].dropna().unique()),
         }
+    if checkpoint is not None:
+        record["checkpoint"] = checkpoint
     record["config"] = config
     return record
 

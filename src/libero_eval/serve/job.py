@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -51,6 +52,7 @@ import yaml
 from libero_eval.policy.capacity import CapacityProbe
 from libero_eval.serve.command import ServerHostError, build_command, resolve_port
 from libero_eval.serve.events import EventLog, StopRequest, describe_capacity, now_iso, say
+from libero_eval.serve.gpu_pool import HeldGpus, parse_pool, take_gpus
 from libero_eval.serve.launcher import LaunchAborted, ManagedServer, ServerStartError
 from libero_eval.serve.settings import ServerSettings, ServerSettingsError
 from libero_eval.serve.startup import denoise_graphs_captured, describe_parts, read_startup_parts
@@ -77,6 +79,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     source.add_argument("--settings-file", help="server settings as a JSON or YAML file")
     parser.add_argument("--service-file", required=True, help="where to publish url/pid/status")
     parser.add_argument("--event-log", help="milestone log to append to (eval_embodiment.log)")
+    parser.add_argument(
+        "--gpu-pool",
+        help="take free GPUs from these ids (comma-separated), locked while serving "
+        "(a run of several checkpoints, locally; libero_eval.serve.gpu_pool)",
+    )
+    parser.add_argument("--gpu-lock-dir", help="where the GPU pool's lock files are")
     parser.add_argument(
         "--capacity-probe",
         help="measure the server's capacity once healthy: a CapacityProbe as a JSON object",
@@ -162,6 +170,7 @@ class _Slot:
             "pid": None,
             "pgid": None,
             "launcher_pid": os.getpid(),
+            "gpu_id": settings.gpu_id,  # the GPU(s) it is pinned to (None: the job's own)
             "started_at": now_iso(),
             "status": "starting",
             # epoch seconds of the start's steps (module doc); filled in as they happen
@@ -280,6 +289,24 @@ class _Slot:
         return self.stopped(stop.reason or "stop requested")
 
 
+def _take_gpus(
+    args: argparse.Namespace, settings: ServerSettings, stop: StopRequest, service_file: Path
+) -> HeldGpus | None:
+    """Free GPUs of --gpu-pool for this server (libero_eval.serve.gpu_pool); while it waits
+    for them the service file says "waiting" (its shards keep waiting)."""
+    pool = parse_pool(args.gpu_pool)
+    count = settings.sglang.num_gpus if settings.sglang is not None else 1
+    lock_dir = Path(args.gpu_lock_dir or service_file.parent)
+
+    def waiting(message: str) -> None:
+        say(message)
+        write_service_file(
+            service_file, {"slot": settings.slot, "status": "waiting", "note": message}
+        )
+
+    return take_gpus(pool, count, lock_dir, stop.wait, waiting)
+
+
 def main(argv: Sequence[str] | None = None, probe: Probe | None = None) -> int:
     """Launch one server slot; returns the process exit code. ``probe`` (else the one
     --capacity-probe describes) measures the server once it is healthy."""
@@ -305,6 +332,18 @@ def main(argv: Sequence[str] | None = None, probe: Probe | None = None) -> int:
             return UrlSlot(settings, service_file, events, probe).run(stop)
         finally:
             watch.stop()
+    held = None
+    if args.gpu_pool:  # kept (and its locks held) until the process exits
+        try:
+            held = _take_gpus(args, settings, stop, service_file)
+        except ValueError as exc:
+            say(str(exc), error=True)
+            return EXIT_BAD_SETTINGS
+        if held is None:
+            watch.stop()
+            return EXIT_STOPPED
+        settings = dataclasses.replace(settings, gpu_id=held.pin)
+        events.write(f"server takes GPU {held.pin} of the pool {args.gpu_pool}")
     try:
         slot = _Slot(resolve_port(settings), service_file, events, probe)
     except ServerHostError as exc:  # no server started: the service file tells the shards
