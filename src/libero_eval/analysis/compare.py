@@ -208,6 +208,18 @@ def _difference_row(
     }
 
 
+#: The columns a paired comparison's difference adds to a row (:func:`paired_difference`'s
+#: last keys), in the order every results table shows them.
+DIFFERENCE_COLUMNS = [
+    "difference",
+    "difference_ci_low",
+    "difference_ci_high",
+    "gained",
+    "lost",
+    "mcnemar_p",
+]
+
+
 def compare_runs(
     baseline: pd.DataFrame,
     candidate: pd.DataFrame,

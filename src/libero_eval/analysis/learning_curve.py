@@ -36,9 +36,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from libero_eval import settings_schema
 from libero_eval.analysis.aggregate import METRICS
-from libero_eval.analysis.compare import compare_runs
+from libero_eval.analysis.compare import COMPARE, DIFFERENCE_COLUMNS, REPORT, compare_runs
 from libero_eval.analysis.display import (
     confidence_level,
     markdown_table,
@@ -48,8 +47,6 @@ from libero_eval.analysis.display import (
     rate_cells,
 )
 
-REPORT = settings_schema.defaults("report")
-COMPARE = settings_schema.defaults("compare")
 OVERALL = "all"  # per_suite.csv's row of every suite pooled
 CAVEAT = (
     "Each row is one of several tests on the same episodes: read the Holm-adjusted p-value "
@@ -196,17 +193,7 @@ def paired_tests(
 
 _PAIR_COLUMNS = ["kind", "metric", "suite", "baseline", "baseline_step", "candidate"]
 _PAIR_COLUMNS += ["candidate_step"]
-_TEST_COLUMNS = [
-    "n_pairs",
-    "baseline_rate",
-    "candidate_rate",
-    "difference",
-    "difference_ci_low",
-    "difference_ci_high",
-    "gained",
-    "lost",
-    "mcnemar_p",
-]
+_TEST_COLUMNS = ["n_pairs", "baseline_rate", "candidate_rate", *DIFFERENCE_COLUMNS]
 
 
 def _label(name: str, step: Any) -> str:

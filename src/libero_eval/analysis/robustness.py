@@ -23,7 +23,7 @@ import pandas as pd
 from libero_eval import settings_schema, suites
 from libero_eval.analysis import display
 from libero_eval.analysis.aggregate import METRICS, wilson_interval
-from libero_eval.analysis.compare import compare_runs
+from libero_eval.analysis.compare import DIFFERENCE_COLUMNS, compare_runs
 
 # the config's defaults (the schema's), for callers that give no value
 REPORT = settings_schema.defaults("report")
@@ -45,12 +45,7 @@ COLUMNS = [
     "perturbed_rate",
     "perturbed_ci_low",
     "perturbed_ci_high",
-    "difference",
-    "difference_ci_low",
-    "difference_ci_high",
-    "gained",
-    "lost",
-    "mcnemar_p",
+    *DIFFERENCE_COLUMNS,
     "note",
 ]
 

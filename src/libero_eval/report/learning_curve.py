@@ -13,10 +13,11 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from libero_eval import settings_schema
 from libero_eval.analysis.learning_curve import (
     CAVEAT,
+    COMPARE,
     OVERALL,
+    REPORT,
     LearningCurve,
     curve_cells,
     curve_markdown,
@@ -27,9 +28,6 @@ from libero_eval.analysis.learning_curve import (
 )
 from libero_eval.report.figures import METRIC_LABELS, save_figure
 from libero_eval.report.tables import html_page, html_table
-
-REPORT = settings_schema.defaults("report")
-COMPARE = settings_schema.defaults("compare")
 
 
 def curve_figure(
