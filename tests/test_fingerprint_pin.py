@@ -55,7 +55,7 @@ def workflow_fingerprint(config: dict) -> str:
 
 def test_every_shipped_config_is_pinned():
     shipped = {p.name for p in (REPO / "config").glob("*.yaml")} - {"schema.yaml"}
-    assert shipped == set(PINNED) | set(PINNED_WITH_CHECKPOINT)
+    assert shipped == set(PINNED) | set(PINNED_WITH_CHECKPOINT) | {"training_run.yaml"}
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))
@@ -77,3 +77,39 @@ def test_shipped_pi05_sglang_config_fingerprint_unchanged(name, monkeypatch):
     assert workflow_fingerprint(copy.deepcopy(config)) == expected
     config["server"]["sglang"]["pipeline_config"] = {}
     assert workflow_fingerprint(config) == without_pipeline_config
+
+
+# A training run (`checkpoints:`): the demo overlay's three reference checkpoints, written as
+# its header says at a fixed place; each checkpoint's episodes sit under the single run's
+# fingerprint with the checkpoint's content (its files' hash) in it.
+PINNED_TRAINING_RUN = {
+    "checkpoint-1000": "8c8e8995ab4a",
+    "checkpoint-2000": "3d1ad58c7a27",
+    "checkpoint-3000": "d8adbbeaf324",
+}
+
+
+def test_the_training_run_overlays_checkpoint_fingerprints_unchanged(monkeypatch):
+    from reference_checkpoint import write_reference_checkpoint
+
+    from libero_eval.config import RunSettings, check_config
+
+    runs = STANDIN_ROOT / "training_run" / "runs" / "reference_demo"
+    write_reference_checkpoint(runs / "checkpoint-1000", policy="hold")
+    write_reference_checkpoint(runs / "checkpoint-2000", slow=2)
+    write_reference_checkpoint(runs / "checkpoint-3000")
+    monkeypatch.chdir(runs.parents[1])  # the overlay's glob is relative: runs/reference_demo/...
+    config = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    for key, value in yaml.safe_load((REPO / "config" / "training_run.yaml").read_text()).items():
+        config[key] = {**config[key], **value} if isinstance(value, dict) else value
+    check_family_fields_and_validate(config)
+    run: RunSettings = check_config(config)
+    found = {c.name: run.for_checkpoint(c).fingerprint for c in run.checkpoints}
+    assert found == PINNED_TRAINING_RUN
+
+
+def check_family_fields_and_validate(config: dict) -> None:
+    from libero_eval.config import check_family_fields
+
+    check_family_fields(config)
+    validate_config(config)
