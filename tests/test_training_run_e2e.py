@@ -169,6 +169,10 @@ def test_the_learning_curve_is_each_checkpoints_per_suite_csv(training_run):
     assert (curve_dir / "learning_curve.png").read_bytes()[:4] == b"\x89PNG"
     log = training_run.event_log.read_text()
     assert "Best checkpoint: `checkpoint-3000`" in log
+    # ... and Snakemake prints the curve at the end, as it prints a single run's summary
+    printed = training_run.runs["added"].stdout
+    assert f"# Learning curve `{RUN_ID}`" in printed
+    assert "**Best checkpoint: `checkpoint-3000` (step 3000)" in printed
 
 
 def test_a_checkpoint_changed_on_disk_runs_again_and_the_log_says_which_file(training_run):
