@@ -14,8 +14,10 @@ Without the side environment these tests skip; with LIBERO_EVAL_REQUIRE_SGLANG=1
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -181,6 +183,86 @@ def test_workflow_runs_libero_episodes_against_real_sglang_serve(
 
     # After teardown nothing of the server's process group, or of the run, is left.
     assert gone_within(lambda: group_members(service["pgid"])) == []
+    assert gone_within(run.survivors) == []
+
+
+@pytest.mark.workflow
+@pytest.mark.libero
+def test_a_training_run_serves_each_checkpoint_from_its_own_real_sglang_server(
+    tmp_path, sglang_exe, tiny_cosmos3
+):
+    """3 checkpoints of a training run (`checkpoints:`), each the tiny Cosmos3 with its own
+    trainer_state.json (its step; the weights are shared, hard-linked), each served by a
+    `sglang serve` of its own directory: 1 episode of 1 chunk per checkpoint, its rows stored
+    under its own fingerprint, then the learning curve over the three."""
+    steps = (1000, 2000, 3000)
+    for step in steps:
+        checkpoint = tmp_path / "run" / f"checkpoint-{step}"
+        shutil.copytree(tiny_cosmos3, checkpoint, copy_function=os.link)
+        state = {"global_step": step, "epoch": step / 1000}
+        (checkpoint / "trainer_state.json").write_text(json.dumps(state))
+    run_id = f"pytest_sglang_training_{tmp_path.name}"
+    sglang = sglang_server(sglang_exe, tiny_cosmos3)
+    del sglang["model_path"]  # each checkpoint's server takes its own
+    # batches of 1 (one size to probe); no synthetic warm-up at 832x480 (42 s of a start here)
+    sglang.update(batching_max_size=1, extra_args=["--warmup-mode", "off"])
+    overlay = tmp_path / "training.yaml"
+    overlay.write_text(
+        yaml.safe_dump(
+            {
+                "run_id": run_id,
+                "checkpoints": [str(tmp_path / "run" / "checkpoint-*")],
+                "plan": {"task_ids": [0], "num_trials_per_task": 1},
+                "server": {
+                    "backend": "sglang",
+                    "health_timeout_s": 600,
+                    "cpu_threads": CPU_THREADS,
+                    "sglang": sglang,
+                },
+                "rollout": {
+                    "send_privileged_state": False,
+                    "max_steps": 16,
+                    "envs_per_shard": 1,
+                    "render_device": "cpu",
+                },
+            }
+        )
+    )
+    workdir = workflow_dir(tmp_path / "work")
+    run = run_workflow(
+        workdir, REPO / "config" / "config.yaml", str(overlay), "--", "learning_curve"
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    results, logs = workdir / "results" / run_id, workdir / "logs" / run_id
+
+    fingerprints = {}
+    for step in steps:
+        name = f"checkpoint-{step}"
+        own, own_logs = results / "checkpoints" / name, logs / "checkpoints" / name
+        # its own server, started on its own directory, through SGLang's warm-up-free start
+        launch = re.search(r"server launch: (.*)", (own_logs / "eval_embodiment.log").read_text())
+        assert launch and f"--model-path {tmp_path / 'run' / name} " in launch.group(1)
+        service = yaml.safe_load((own / "servers" / "slot0.json").read_text())
+        assert service["status"] == "stopped" and service["capacity"]["max_batch_size"] == 1
+        log = server_log(own_logs / "serve" / "slot0.log")
+        assert '"POST /v1/actions/generations HTTP/1.1" 200' in log
+        assert set(POST.findall(log)) == {"200"}
+        # its episode, from its server, stored under its own fingerprint
+        record = json.loads((own / "summary" / "checkpoint.json").read_text())
+        assert (record["name"], record["step"]) == (name, step)
+        fingerprints[name] = record["fingerprint"]
+        (stored,) = (own / "episodes" / record["fingerprint"]).rglob("*.json")
+        assert stored.name == "task00_init00.json"
+        episodes = pd.read_parquet(own / "summary" / "episodes.parquet")
+        assert len(episodes) == 1 and episodes["error"].isna().all(), episodes["error"].tolist()
+        assert episodes["policy_calls"].iloc[0] == 1
+        assert (episodes["server_url"] == service["url"]).all()
+        assert gone_within(lambda service=service: group_members(service["pgid"])) == []
+    assert len(set(fingerprints.values())) == 3
+    curve = pd.read_csv(results / "learning_curve" / "learning_curve.csv")
+    overall = curve[curve["suite"] == "all"]
+    assert overall["step"].tolist() == list(steps)
+    assert (overall["num_trajectories"] == 1).all()
     assert gone_within(run.survivors) == []
 
 

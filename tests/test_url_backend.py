@@ -221,6 +221,35 @@ def test_a_url_nothing_answers_fails_after_its_connect_timeout_naming_field_and_
     assert "(server.url.connect_timeout_s=0.5). Check the host and port" in error
 
 
+def test_a_checkpoints_url_nothing_answers_names_its_entry_under_the_checkpoints_name(tmp_path):
+    """A training run's servers, listed under each checkpoint's name: the serve job of a
+    checkpoint whose server is down names that entry, `server.url.urls.<name>[k]`."""
+    with socket.socket() as bound:
+        bound.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{bound.getsockname()[1]}"
+        urls = {"step-1000": ["http://127.0.0.1:1"], "step-2000": [url]}
+        config = url_config(urls, model_id="m", connect_timeout_s=0.5)
+        config["checkpoints"] = [{"name": "step-1000"}, {"name": "step-2000"}]
+        run = checked(config)
+        own = run.for_checkpoint(run.checkpoints[1])
+        assert own.server(0).url.source == "server.url.urls.step-2000[0]"
+        data = own.server(0).to_dict()
+        job = subprocess.Popen(
+            [
+                sys.executable,
+                *("-m", "libero_eval.serve.job", "--settings", json.dumps(data)),
+                *("--capacity-probe", json.dumps(own.capacity_probe.to_dict())),
+                *("--service-file", str(tmp_path / "slot0.json")),
+                *("--event-log", str(tmp_path / "eval_embodiment.log")),
+            ],
+            stdout=(tmp_path / "serve.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        assert job.wait(timeout=READY_WAIT_S) == 1, (tmp_path / "serve.log").read_text()
+    error = service(tmp_path)["error"]
+    assert error.startswith(f"server.url.urls.step-2000[0] {url}: nothing answers at {url}/health")
+
+
 class ScriptedHealth(http.server.BaseHTTPRequestHandler):
     """/health answers the codes of ``answers`` in turn, then 200 (a server that loads)."""
 

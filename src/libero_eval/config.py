@@ -33,6 +33,7 @@ from libero_eval.config_rules import (
     sends_privileged_state,
 )
 from libero_eval.config_server import (
+    URLS_FIELD,
     family_settings,
     gpu_pool,
     server_on_gpu,
@@ -218,6 +219,9 @@ class RunSettings:
     ):
         self.config = config
         self.checkpoint = checkpoint  # one checkpoint of a training run (for_checkpoint)
+        # where the run's config lists this checkpoint's servers (backend url), when under its
+        # name (`server.url.urls.<name>`): the field its slots' errors name (for_checkpoint)
+        self.urls_field: str | None = None
         self.hash_cache = hash_cache  # where checkpoints' file hashes are kept (checkpoints)
         try:  # a job's process registers the config's own families too
             families.load_config_modules(config)
@@ -255,7 +259,10 @@ class RunSettings:
     def for_checkpoint(self, checkpoint: Checkpoint) -> RunSettings:
         """The settings of one checkpoint's jobs: the config `checkpoints.checkpoint_config`
         gives, its fingerprint with the checkpoint's content hash."""
-        return RunSettings(checkpoint_config(self.config, checkpoint), checkpoint)
+        own = RunSettings(checkpoint_config(self.config, checkpoint), checkpoint)
+        if isinstance(self.config["server"]["url"]["urls"], dict):
+            own.urls_field = f"{URLS_FIELD}.{checkpoint.name}"
+        return own
 
     @property
     def server_on_gpu(self) -> bool:
@@ -314,6 +321,10 @@ class RunSettings:
         """Slot `slot`'s server settings, for `libero_eval.serve.job` (with a GPU pool, its
         GPU is the one the job takes)."""
         settings = server_settings(self.config, slot)
+        if self.urls_field and settings.url is not None:  # as the run's config names it
+            settings = replace(
+                settings, url=replace(settings.url, source=f"{self.urls_field}[{slot}]")
+            )
         return replace(settings, gpu_id=None) if self.gpu_pool else settings
 
     @cached_property

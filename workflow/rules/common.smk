@@ -325,7 +325,12 @@ def print_summary():
     wanted = {
         str(f) for job in workflow.dag.targetjobs for f in [*job.input, *job.output]
     }
-    summary = f"results/{RUN}/summary/summary.md"
+    # a training run's summary is its learning curve (checkpoints.smk)
+    summary = (
+        f"results/{RUN}/learning_curve/learning_curve.md"
+        if TRAINING_RUN
+        else f"results/{RUN}/summary/summary.md"
+    )
     comparisons = sorted(f for f in wanted if Path(f).name == "comparison.md")
     shown = [summary] if summary in wanted or not comparisons else []
     for path in map(Path, shown + comparisons):
