@@ -1,9 +1,9 @@
 """A training run end to end: real Snakemake, real LIBERO, the reference server's policies as
 checkpoints of different quality (tools/reference_checkpoint.py: hold, a scripted expert at
 half speed, the scripted expert). One run evaluates three of them on the same episodes; a
-fourth added later runs only its own episodes; a checkpoint changed on disk runs again and the
-log says which file changed. The learning curve is read back against each checkpoint's own
-summary.
+fourth added later, first in step order, runs only its own episodes; a checkpoint changed on
+disk runs again and the log says which file changed. The learning curve is read back against
+each checkpoint's own summary.
 
 Kept cheap (one module-scoped sequence of runs, 2 tasks x 1 init state of 112 steps, the
 learning curve as the target so that no per-checkpoint report is drawn)."""
@@ -29,7 +29,9 @@ RUN_ID = "pytest_training_run"
 MAX_STEPS = 112
 FIRST = {"checkpoint-1000": ("hold", None), "checkpoint-2000": ("scripted", 2.0)}
 FIRST["checkpoint-3000"] = ("scripted", None)
-LATER = "checkpoint-4000"  # added after the first run: the scripted expert again
+# added after the first run, before the others in step order (so every other checkpoint's
+# entry moves): holding still again
+LATER = "checkpoint-500"
 ROLLOUT_JOB = re.compile(
     r"rule checkpoint_rollout:\n(?:[ \t]+.*\n)*?[ \t]+wildcards: checkpoint=([^,\s]+)"
 )
@@ -100,7 +102,7 @@ def training_run(tmp_path_factory) -> TrainingRun:
     )
     training = TrainingRun(workflow_dir(root / "work"), checkpoints, configfile)
     training.run("first")
-    write_reference_checkpoint(checkpoints / LATER)
+    write_reference_checkpoint(checkpoints / LATER, "hold")
     training.run("added")
     held = checkpoints / "checkpoint-1000" / "reference_checkpoint.yaml"
     held.write_text(held.read_text() + "# edited: the same policy, other bytes\n")
@@ -146,7 +148,7 @@ def test_a_checkpoint_added_later_runs_only_its_own_episodes(training_run):
 
 
 def test_the_learning_curve_is_each_checkpoints_per_suite_csv(training_run):
-    names = [*FIRST, LATER]
+    names = [LATER, *FIRST]
     curve_dir = training_run.results / "learning_curve"
     table = pd.read_csv(curve_dir / "learning_curve.csv")
     for name in names:
@@ -155,7 +157,7 @@ def test_the_learning_curve_is_each_checkpoints_per_suite_csv(training_run):
         pd.testing.assert_frame_equal(rows, own, check_dtype=False)
     overall = table[table["suite"] == "all"]
     assert overall["checkpoint"].tolist() == names  # by step
-    assert overall["step"].tolist() == [1000, 2000, 3000, 4000]
+    assert overall["step"].tolist() == [500, 1000, 2000, 3000]
 
     tests = pd.read_csv(curve_dir / "paired_tests.csv")
     pairs = tests[(tests["suite"] == "all") & (tests["metric"] == "success_once")]

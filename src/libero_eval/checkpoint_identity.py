@@ -69,13 +69,14 @@ class Checkpoint:
     """One checkpoint of a run (``checkpoints:``), resolved: its name (the output folder
     ``results/<run>/checkpoints/<name>/``), its directory (None for a server named by URL), its
     training step and where the step came from, the entry of ``checkpoints:`` it came from, its
-    content hash and files. It crosses to the jobs as :meth:`to_dict`."""
+    content hash and files. It crosses to the jobs as :meth:`to_dict`; to a rollout job
+    without its entry (:meth:`for_jobs`), whose place in the list changes no episode."""
 
     name: str
     path: str | None
     step: int | None
     step_source: str
-    entry: int
+    entry: int | None = None  # None where it crossed to a job without it
     sha256: str | None = None
     files: tuple[FileEntry, ...] = field(default=())
 
@@ -83,6 +84,19 @@ class Checkpoint:
         data = asdict(self)
         data["files"] = [asdict(f) for f in self.files]
         return data
+
+    def for_jobs(self) -> dict[str, Any]:
+        """:meth:`to_dict` without the entry: a checkpoint listed before this one later (a
+        lower step) moves its entry, not its episodes, and must not rerun its jobs (Snakemake
+        reruns a job whose params change)."""
+        data = self.to_dict()
+        del data["entry"]
+        return data
+
+    @property
+    def where(self) -> str:
+        """How an error names it: its entry of ``checkpoints:``, else its name."""
+        return f"checkpoints[{self.entry}]" if self.entry is not None else f"checkpoint {self.name}"
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> Checkpoint:

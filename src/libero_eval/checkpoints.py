@@ -176,7 +176,7 @@ def checkpoint_config(config: dict[str, Any], checkpoint: Checkpoint) -> dict[st
     try:
         server = checkpoint_server(config, checkpoint)
     except ValueError as exc:
-        raise ConfigError(f"{FIELD}[{checkpoint.entry}] ({checkpoint.path}): {exc}") from None
+        raise ConfigError(f"{checkpoint.where} ({checkpoint.path}): {exc}") from None
     rest = copy.deepcopy({key: value for key, value in config.items() if key != "server"})
     return {**rest, "server": server, FIELD: None}
 

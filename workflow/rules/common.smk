@@ -391,7 +391,7 @@ def get_checkpoint_outputs():
 
 def get_checkpoint(wildcards):
     """The checkpoint as its jobs get it (libero_eval.checkpoint_identity.Checkpoint)."""
-    return CHECKPOINTS[wildcards.checkpoint].to_dict()
+    return CHECKPOINTS[wildcards.checkpoint].for_jobs()
 
 
 def get_checkpoint_record(wildcards):
