@@ -10,8 +10,6 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 FENCE = re.compile(r"^[ \t]*```.*?^[ \t]*```", re.M | re.S)
-# Written on another branch of issue 42 (item 5); drop the entry once it is on main.
-AWAITED = {"docs/training_runs.md"}
 # dotted names design.md uses that are not modules: the entry-point group of family packages,
 # and the name it explains the results package is not given
 NOT_MODULES = {"libero_eval.families", "libero_eval.results"}
@@ -48,7 +46,7 @@ def broken_links(doc: str, text: str, files: set[str]) -> list[str]:
         if re.match(r"^[a-z]+:", target) or target.startswith("#"):
             continue  # a web address or an anchor in the same file
         path = os.path.normpath(os.path.join(os.path.dirname(doc), target.split("#")[0]))
-        if path not in files and path not in AWAITED:
+        if path not in files:
             bad.append(f"{doc}: ({target}) -> {path} does not exist")
     return bad
 
@@ -77,7 +75,7 @@ def test_every_path_and_module_design_md_names_exists():
     }
     missing = sorted(
         path
-        for path in paths - AWAITED
+        for path in paths
         if "<" not in path
         and not any(f"{root}{path.split('::')[0]}" in files for root in PATH_ROOTS)
     )

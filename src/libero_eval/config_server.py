@@ -97,7 +97,8 @@ def url_backend_warnings(config: dict[str, Any]) -> list[str]:
             "server.url.model_id is not set: the episode store is named by the servers' URLs, "
             "not by their weights, which the workflow cannot see. Weights changed behind the "
             "same URL would reuse episodes of the old ones: set server.url.model_id to name "
-            "the weights (and change it when they change; docs/servers.md)"
+            "the weights (and change it when they change; docs/training_runs.md, 'Servers you "
+            "run')"
         )
     return said
 
