@@ -36,8 +36,7 @@ DETERMINISTIC = [*KEYS, "success_once", "success_at_end", "first_success_step", 
 NUM_EPISODES = 6  # 2 tasks x 3 init states
 SUMMARY_FILES = ("episodes.parquet", "summary.parquet")
 
-# one worker runs them all: they compare with one module-scoped uninterrupted run
-pytestmark = [pytest.mark.workflow, pytest.mark.libero, pytest.mark.xdist_group("fault_tolerance")]
+pytestmark = [pytest.mark.workflow, pytest.mark.libero]
 
 
 # ----------------------------------------------------------------------------- helpers

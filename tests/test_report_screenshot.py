@@ -34,7 +34,6 @@ COMPARE_DIR = f"results/compare/{BASELINE}_vs_{RUN}"
 
 pytestmark = [
     pytest.mark.workflow,
-    pytest.mark.xdist_group("report_screenshot"),  # one worker: they share the module's run
     pytest.mark.skipif(
         not CHROMIUM.exists(), reason="/usr/bin/chromium is absent (apt-get install -y chromium)"
     ),

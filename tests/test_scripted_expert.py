@@ -153,7 +153,6 @@ def spatial_task0_env():
 
 
 @pytest.mark.libero
-@pytest.mark.xdist_group("scripted_expert")  # the module's env, on one worker
 def test_privileged_state_is_small_json_with_the_bddl_goal(spatial_task0_env):
     from libero_eval.rollout.privileged import privileged_state
 
@@ -177,7 +176,6 @@ def test_privileged_state_is_small_json_with_the_bddl_goal(spatial_task0_env):
 
 
 @pytest.mark.libero
-@pytest.mark.xdist_group("scripted_expert")  # the module's env, on one worker
 def test_expert_solves_spatial_task0_init0_through_the_encoding_round_trip(spatial_task0_env):
     from libero_eval.rollout.privileged import privileged_state
 

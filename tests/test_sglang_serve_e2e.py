@@ -38,8 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 POST = re.compile(r'"POST /v1/actions/generations HTTP/1\.1" (\d{3})')
 
-# one worker runs them: they share the module-scoped tiny checkpoint
-pytestmark = [pytest.mark.sglang_serve, pytest.mark.xdist_group("sglang_serve_e2e")]
+pytestmark = pytest.mark.sglang_serve
 # One thread per server: its CPUs are shared with the env workers (and the other server). On
 # the 2-core machine, under load, 2 threads gave 0.4-8.4 s per batch-1 call, 1 gave 0.50-0.55 s.
 CPU_THREADS = 1
