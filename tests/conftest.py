@@ -13,10 +13,35 @@ from sglang_side import SglangSide, start_or_skip
 from libero_eval.config import validate_config
 
 REPO = Path(__file__).resolve().parents[1]
+# The marks of the slow tests (real LIBERO, Snakemake runs, the real `sglang serve`)
+SLOW_MARKS = ("libero", "workflow", "sglang_serve")
+# A test's user property (`record_property`) whose values are lines printed at the end of the
+# run, under -q and from pytest-xdist's workers alike (tests/test_fault_tolerance.py's figures)
+SUMMARY_LINE = "summary_line"
+_summary_lines: list[str] = []
 # the π0.5 layout specimens (`random_checkpoint.pi05_layouts`) are test material in tools/, not
 # in the package
 sys.path.insert(0, str(REPO / "tools"))
 WORKFLOW_FILES = ("Snakefile", "workflow", "config", "profiles")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The slow tests first, in their order: under `-n 2` both workers start on them and the
+    fast tests fill in at the end, rather than one slow test running alone last."""
+    items.sort(key=lambda item: not any(item.get_closest_marker(mark) for mark in SLOW_MARKS))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "call":
+        lines = [value for name, value in report.user_properties if name == SUMMARY_LINE]
+        _summary_lines.extend(lines)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if _summary_lines:
+        terminalreporter.write_line("")
+        for line in _summary_lines:
+            terminalreporter.write_line(line)
 
 
 def workflow_dir(path: Path) -> Path:

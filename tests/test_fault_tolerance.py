@@ -19,7 +19,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +27,7 @@ import pandas as pd
 import psutil
 import pytest
 import yaml
+from conftest import SUMMARY_LINE
 
 REPO = Path(__file__).resolve().parents[1]
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -205,18 +206,10 @@ def figures(
     return Figures(name, done_before, len(ended) - len(before), lost, rerun, equal)
 
 
-@pytest.fixture(scope="module")
-def report(request) -> Iterator[list[Figures]]:
-    lines: list[Figures] = []
-    yield lines
-    plugins = request.config.pluginmanager
-    terminal = plugins.get_plugin("terminalreporter")
-    capture = plugins.get_plugin("capturemanager")
-    if terminal is not None and capture is not None:
-        with capture.global_and_fixture_disabled():  # shown even with -q
-            terminal.write_line("")
-            for item in lines:
-                terminal.write_line(item.line())
+@pytest.fixture
+def report(record_property) -> Callable[[Figures], None]:
+    """Records a test's figures line; tests/conftest.py prints it at the end of the run."""
+    return lambda figures: record_property(SUMMARY_LINE, figures.line())
 
 
 @pytest.fixture(scope="module")
@@ -261,7 +254,7 @@ def test_killed_shard_resumes_from_its_finished_episodes(tmp_path, baseline, rep
     _, equal = finish_and_compare(workdir, configfile, "ft_shard", baseline)
     after = store_records(workdir, "ft_shard")
     result = figures("kill shard (SIGKILL)", before, before, after, equal)
-    report.append(result)
+    report(result)
     assert result.lost == 0
     assert result.rerun == NUM_EPISODES - len(before)
 
@@ -285,7 +278,7 @@ def test_killed_server_fails_the_shard_clearly_and_a_rerun_resumes(tmp_path, bas
     _, equal = finish_and_compare(workdir, configfile, "ft_server", baseline)
     after = store_records(workdir, "ft_server")
     result = figures("kill server (SIGKILL)", before, during, after, equal)
-    report.append(result)
+    report(result)
     assert result.lost == 0
     assert result.rerun == NUM_EPISODES - len(during)
 
@@ -316,7 +309,7 @@ def test_kill_9_leaves_no_process_and_rerun_incomplete_resumes(
     after = store_records(workdir, "ft_kill9")
     name = "kill -9 whole run (process group)" if whole_group else "kill -9 snakemake"
     result = figures(name, before, during, after, equal)
-    report.append(result)
+    report(result)
     assert result.lost == 0
     assert result.rerun == NUM_EPISODES - len(during)
 
@@ -359,7 +352,7 @@ def test_interrupted_run_stops_at_once_leaves_no_process_and_resumes(
     _, equal = finish_and_compare(workdir, configfile, run_id, baseline)
     after = store_records(workdir, run_id)
     result = figures(exit_path, before, during, after, equal)
-    report.append(result)
+    report(result)
     assert result.lost == 0
     assert result.rerun == NUM_EPISODES - len(during)
 
@@ -386,7 +379,7 @@ def test_failed_shard_is_resubmitted_by_retries_and_resumes(tmp_path, baseline, 
     episodes, table = baseline
     pd.testing.assert_frame_equal(deterministic(workdir, "ft_retry"), episodes)
     pd.testing.assert_frame_equal(summary_table(workdir, "ft_retry"), table)
-    report.append(Figures("fail shard once + --retries", 1, 0, 0, NUM_EPISODES - 1, True))
+    report(Figures("fail shard once + --retries", 1, 0, 0, NUM_EPISODES - 1, True))
 
 
 def test_episode_failures_are_recorded_and_a_forced_rerun_redoes_only_them(
@@ -423,7 +416,7 @@ def test_episode_failures_are_recorded_and_a_forced_rerun_redoes_only_them(
     )
     after = store_records(workdir, "ft_episode")
     result = figures("episode errors (env crash/raise, NaN)", before, before, after, equal)
-    report.append(result)
+    report(result)
     assert result.lost == 0
     assert result.rerun == 2
 
@@ -454,6 +447,6 @@ def test_a_full_disk_names_the_record_path_keeps_what_was_written_and_resumes(
     _, equal = finish_and_compare(workdir, configfile, "ft_disk_full", baseline)
     after = store_records(workdir, "ft_disk_full")
     result = figures("disk full (ENOSPC) after 2 records", before, before, after, equal)
-    report.append(result)
+    report(result)
     assert result.lost == 0
     assert result.rerun == NUM_EPISODES - len(before)

@@ -26,10 +26,16 @@ from libero_eval.policy.http_connection import (
 
 @dataclass
 class Reply:
+    """One scripted answer; a `held` one is sent only once the test has ended (the server's
+    `release` event), so a client can get it only by waiting out its own timeout."""
+
     status: int = 200
     body: bytes = b"{}"
     content_type: str = "application/json"
-    delay_s: float = 0.0
+    held: bool = False
+
+
+HELD = Reply(held=True)
 
 
 def json_reply(obj, status: int = 200) -> Reply:
@@ -53,6 +59,7 @@ class ScriptedServer:
     replies: dict[str, list[Reply]] = field(default_factory=dict)
     handlers: dict[str, Callable[[Seen], Reply]] = field(default_factory=dict)
     seen: list[Seen] = field(default_factory=list)
+    release: threading.Event = field(default_factory=threading.Event)
 
     def reply_for(self, request: Seen) -> Reply:
         if request.path in self.handlers:
@@ -82,8 +89,8 @@ def server() -> Iterator[ScriptedServer]:
             )
             script.seen.append(request)
             reply = script.reply_for(request)
-            if reply.delay_s:
-                time.sleep(reply.delay_s)
+            if reply.held:
+                script.release.wait()
             try:
                 self.send_response(reply.status)
                 self.send_header("Content-Type", reply.content_type)
@@ -105,6 +112,7 @@ def server() -> Iterator[ScriptedServer]:
     thread.start()
     script.url = f"http://127.0.0.1:{httpd.server_address[1]}"
     yield script
+    script.release.set()
     httpd.shutdown()
     httpd.server_close()
     thread.join(timeout=5)
@@ -168,27 +176,30 @@ def test_transient_5xx_recovers_and_reports_attempts_and_latency(server):
         json_reply({"id": "act_1", "data": []}),
     ]
     client = HttpConnection(server.url, wire_format="json", max_retries=5, retry_backoff_s=0.001)
+    started = time.monotonic()
     assert client.infer(PAYLOAD) == {"id": "act_1", "data": []}
+    took = time.monotonic() - started
     assert client.last_attempts == 3
-    assert client.last_latency_s is not None and 0 < client.last_latency_s < 5
+    # seconds, within the call's own span
+    assert client.last_latency_s is not None and 0 < client.last_latency_s <= took
 
 
 def test_timeouts_are_retried_then_raised(server):
-    server.replies[GENERATIONS] = [Reply(delay_s=0.6)]
+    """The server holds every answer until the test ends: only the client's own timeout can
+    end each try."""
+    server.replies[GENERATIONS] = [HELD]
     server.replies["/health"] = [json_reply({})]  # the server still answers its health path
     client = HttpConnection(server.url, timeout_s=0.15, max_retries=1, retry_backoff_s=0.01)
-    started = time.monotonic()
     with pytest.raises(PolicyServerUnavailable, match=r"2 attempt\(s\).*timed out after 0.15 s"):
         client.infer(PAYLOAD)
     assert len(server.requests_to(GENERATIONS)) == 2
-    assert time.monotonic() - started < 1.5
 
 
 def test_a_server_that_answers_nothing_at_all_is_given_up_after_one_try(server):
     """A request that times out while /health gets no answer either: no retry can help, so
     the connection gives up at once instead of waiting request_timeout_s per retry."""
-    server.replies[GENERATIONS] = [Reply(delay_s=3)]
-    server.replies["/health"] = [Reply(delay_s=3)]
+    server.replies[GENERATIONS] = [HELD]
+    server.replies["/health"] = [HELD]
     failures = FailurePolicy.defaults(request_timeout_s=0.2, request_retries=5)
     client = HttpConnection(server.url, failures, retry_backoff_s=0.01)
     with pytest.raises(PolicyServerUnavailable) as info:
@@ -202,7 +213,7 @@ def test_a_server_that_answers_nothing_at_all_is_given_up_after_one_try(server):
 
 
 def test_a_server_that_never_finishes_a_request_is_given_up_after_timeouts_in_a_row(server):
-    server.replies[GENERATIONS] = [Reply(delay_s=3)]
+    server.replies[GENERATIONS] = [HELD]
     server.replies["/health"] = [json_reply({})]
     failures = FailurePolicy.defaults(request_timeout_s=0.2, request_retries=5, timeouts_in_a_row=3)
     client = HttpConnection(server.url, failures, retry_backoff_s=0.01)
@@ -218,9 +229,9 @@ def test_a_server_that_never_finishes_a_request_is_given_up_after_timeouts_in_a_
 def test_a_timeout_and_an_answer_between_start_the_count_again(server):
     """Timeouts count in a row: a refused or failed try between them is not one."""
     server.replies[GENERATIONS] = [
-        Reply(delay_s=3),
+        HELD,
         json_reply({"detail": "busy"}, status=503),
-        Reply(delay_s=3),
+        HELD,
         json_reply({"id": "act_1", "data": []}),
     ]
     server.replies["/health"] = [json_reply({})]
@@ -238,7 +249,7 @@ def test_the_capacity_probe_honours_probe_timeout_s_not_the_request_timeout(serv
     assert (probe.timeout_s, probe.timeout_setting) == (0.2, "rollout.failures.probe_timeout_s")
     server.replies["/v1/actions/metadata"] = [json_reply({"capabilities": {"max_batch_size": 1}})]
     server.replies["/health"] = [json_reply({})]
-    server.replies[GENERATIONS] = [Reply(delay_s=3)]
+    server.replies[GENERATIONS] = [HELD]
     with pytest.raises(PolicyServerUnavailable) as info:
         probe(server.url)
     assert "timed out after 0.2 s (rollout.failures.probe_timeout_s" in str(info.value)
@@ -352,16 +363,15 @@ def test_wait_until_healthy_gives_up_at_the_deadline(server):
     with pytest.raises(PolicyServerUnavailable, match="within 0.2 s") as info:
         client.wait_until_healthy(deadline_s=0.2, poll_s=0.05)
     assert server.url + "/health" in str(info.value)
-    assert 0.2 <= time.monotonic() - started < 2
+    assert time.monotonic() - started >= 0.2  # not before the deadline
 
 
 def test_wait_until_healthy_stops_when_the_server_process_dies(server):
     server.replies["/health"] = [Reply(status=503)]
     client = HttpConnection(server.url)
-    started = time.monotonic()
+    # the message says it stopped on the process's exit, not at the deadline
     with pytest.raises(PolicyServerUnavailable, match="exited before /health"):
-        client.wait_until_healthy(deadline_s=30, poll_s=0.05, is_alive=lambda: False)
-    assert time.monotonic() - started < 2
+        client.wait_until_healthy(deadline_s=600, poll_s=0.05, is_alive=lambda: False)
 
 
 def test_health_is_false_when_nothing_listens():

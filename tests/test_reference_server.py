@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import copy
 import io
@@ -24,6 +25,7 @@ from PIL import Image
 from libero_eval import package_data
 from libero_eval.policy import codec
 from libero_eval.reference import policies
+from libero_eval.reference import server as reference_server
 from libero_eval.reference.policies import (
     HoldPolicy,
     PolicyItem,
@@ -592,15 +594,57 @@ def test_a_request_takes_at_least_the_modelled_latency(slow_url):
     assert timed_post(slow_url, batch=4) >= 0.2 + 4 * 0.05
 
 
-def test_concurrent_requests_are_served_one_at_a_time_and_busy_time_is_counted(slow_url):
-    before = requests.get(slow_url + "/v1/stats", timeout=5).json()
-    started = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        durations = list(pool.map(lambda _: timed_post(slow_url, batch=1), range(2)))
-    elapsed = time.perf_counter() - started
-    after = requests.get(slow_url + "/v1/stats", timeout=5).json()
-    assert elapsed >= 2 * 0.25
-    assert max(durations) >= 2 * 0.25  # the second one waited for the first
+def test_concurrent_requests_are_served_one_at_a_time_and_busy_time_is_counted(monkeypatch):
+    """The first request's computation is held until the second has arrived and has waited
+    0.2 s for the slot (events, not timing): the second is computed only after the first,
+    and its wait and both latencies are counted."""
+    apps, create_app = [], reference_server.create_app
+
+    def capture_app(server_settings: ReferenceServerSettings):
+        apps.append(create_app(server_settings))
+        return apps[-1]
+
+    monkeypatch.setattr(reference_server, "create_app", capture_app)
+    serving, second_arrived, release = threading.Event(), threading.Event(), threading.Event()
+    order: list[str] = []
+    with serve_in_thread(settings(latency_fixed_s=0.2, latency_per_item_s=0.05)) as base:
+        slot = apps[0].state.reference_server.slot
+        real_run, real_offload = slot.run, slot._offload
+        arrivals = []
+
+        async def run(compute, items):
+            arrivals.append(items)
+            if len(arrivals) == 2:
+                second_arrived.set()  # it goes on to the slot's lock without yielding
+            return await real_run(compute, items)
+
+        async def offload(compute):
+            number = len([event for event in order if event.startswith("start")]) + 1
+            order.append(f"start {number}")
+            if number == 1:
+                serving.set()
+                while not release.is_set():
+                    await asyncio.sleep(0.005)
+            value = await real_offload(compute)
+            order.append(f"end {number}")
+            return value
+
+        monkeypatch.setattr(slot, "run", run)
+        monkeypatch.setattr(slot, "_offload", offload)
+        before = requests.get(base + "/v1/stats", timeout=5).json()
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            first = pool.submit(timed_post, base, 1)
+            assert serving.wait(60)
+            second = pool.submit(timed_post, base, 1)
+            assert second_arrived.wait(60)
+            time.sleep(0.2)  # a known least wait of the second for the slot, not a race
+            release.set()
+            durations = [first.result(), second.result()]
+        elapsed = time.perf_counter() - started
+        after = requests.get(base + "/v1/stats", timeout=5).json()
+    assert order == ["start 1", "end 1", "start 2", "end 2"]  # one at a time
+    assert durations[1] >= 0.2 + 0.25  # its wait for the slot, then its own latency
     assert after["requests"] - before["requests"] == 2
     assert after["items"] - before["items"] == 2
     busy = after["busy_s"] - before["busy_s"]

@@ -14,6 +14,7 @@ import contextlib
 import math
 import os
 import re
+import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,9 +40,18 @@ class Tensor:
 _INITIALIZED: dict[str, object] = {}
 
 
-def init_sglang(model_path: Path, pipeline_class_name: str, port: int = 29533):
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_sglang(model_path: Path, pipeline_class_name: str, port: int | None = None):
     """SGLang's global server args and a one-process model-parallel group, as its worker has
-    them when it builds models; returns the ServerArgs."""
+    them when it builds models; returns the ServerArgs. ``port``: the group's rendezvous port,
+    a free one by default (a fixed one made two builders at once fail with EADDRINUSE)."""
+    port = port or free_port()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(port))
     for key, value in (("LOCAL_RANK", "0"), ("RANK", "0"), ("WORLD_SIZE", "1")):
