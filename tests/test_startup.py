@@ -10,6 +10,7 @@ from __future__ import annotations
 import _thread
 import contextlib
 import json
+import signal
 import threading
 import time
 from multiprocessing import Pipe
@@ -282,7 +283,17 @@ def test_env_workers_that_cannot_start_stop_those_started(tmp_path):
 
 
 def test_a_stop_during_the_wait_for_the_server_kills_the_envs_at_once(tmp_path):
-    """SIGTERM's handler raises in the main thread (shard_job); interrupt_main does the same."""
+    """SIGTERM's handler raises in the main thread (shard_job); interrupt_main does the same.
+    It simulates SIGINT, which raises only under Python's own handler: a test that ran before
+    in this process (serve.job, shard_job, interrupt) may have left SIGINT at SIG_DFL."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _stop_during_the_wait(tmp_path)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _stop_during_the_wait(tmp_path) -> None:
     settings, store = shard(tmp_path, envs=2)
     journal, made = Journal(workers=2), []
 
