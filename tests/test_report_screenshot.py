@@ -78,6 +78,7 @@ def write_baseline(path: Path) -> None:
                 task_id=task_id,
                 task_language=None,
                 init_state_id=init,
+                seed=0,  # plan.seed's default, which the run uses: the runs are comparable
                 success_once=success,
                 success_at_end=success,
                 first_success_step=20 if success else None,
