@@ -41,7 +41,14 @@ print(open(f"results/{run}/summary/summary.md").read())
 PY
 queued=$(squeue -h -u "$(id -un)" -t PENDING,RUNNING,COMPLETING -o %i | wc -l)
 [ "$queued" -eq 0 ] || fail "$queued Slurm job(s) still queued or running"
-left=$( (pgrep -a libero-env; pgrep -af "libero_eval.(serve|reference)|${RUN_ID}") | grep -v pgrep || true)
+# Processes this run's Slurm jobs left: ours carry SLURM_JOB_ID in their environment (other
+# processes on the machine, e.g. tests running beside this one, do not).
+left=""
+for pid in $( (pgrep libero-env; pgrep -f "libero_eval.(serve|reference)|${RUN_ID}") || true); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -q '^SLURM_JOB_ID='; then
+        left+="$(ps -o pid=,args= -p "$pid" || true)"$'\n'
+    fi
+done
 [ -z "$left" ] || fail "processes left behind: $left"
 log "Slurm end-to-end run passed: $(squeue -h -t all -o '%i %j %T %M' | wc -l) Slurm job(s)"
 squeue -t all -o "%.8i %.40j %.10T %.10M %R"
