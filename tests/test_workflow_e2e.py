@@ -328,12 +328,12 @@ def throughput_runs(tmp_path):
 def throughput_overlay(
     path: Path, run_id: str, envs_per_shard: int, reset_mode: str = "fast", **rollout
 ) -> Path:
-    """6 episodes (2 tasks x 3 init states) of the scripted expert, cosmos protocol, 150 steps."""
+    """4 episodes (2 tasks x 2 init states) of the scripted expert, cosmos protocol, 150 steps."""
     path.write_text(
         yaml.safe_dump(
             {
                 "run_id": run_id,
-                "plan": {"task_ids": [0, 1], "num_trials_per_task": 3},
+                "plan": {"task_ids": [0, 1], "num_trials_per_task": 2},
                 "rollout": {
                     "protocol": "cosmos",
                     "max_steps": 150,
@@ -350,7 +350,7 @@ def throughput_overlay(
 def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuses_all(
     tmp_path, workdir, throughput_runs
 ):
-    """The scripted expert on 6 episodes with 1 env per shard and LIBERO's hard reset, and with
+    """The scripted expert on 4 episodes with 1 env per shard and LIBERO's hard reset, and with
     up to 3 chosen by the shard (total_num_envs auto) and the fast reset: the same outcomes,
     steps and seeds per episode. Then the first run again with 3 envs and fast resets reuses
     every episode."""
@@ -369,8 +369,8 @@ def test_throughput_settings_change_no_outcome_and_a_rerun_with_other_ones_reuse
     columns = ["task_id", "init_state_id", "success_once", "success_at_end", "steps"]
     columns += ["first_success_step", "seed", "episode_seed", "policy_calls", "error"]
     pd.testing.assert_frame_equal(frames[0][columns], frames[1][columns])
-    assert len(frames[0]) == 6 and frames[0]["success_once"].any()
-    assert frames[0]["episode_seed"].nunique() == 6
+    assert len(frames[0]) == 4 and frames[0]["success_once"].any()
+    assert frames[0]["episode_seed"].nunique() == 4
 
     # Run 1 again with 3 envs per shard and fast resets: every finished episode is reused.
     again = throughput_overlay(tmp_path / "again.yaml", throughput_runs[0], 3)
