@@ -9,7 +9,7 @@ import heapq
 
 import pytest
 
-from libero_eval.rollout.dispatch import LEAD_FRACTION, Dispatcher, LatencyModel
+from libero_eval.rollout.dispatch import LEAD_FRACTION, RATIOS_KEPT, Dispatcher, LatencyModel
 
 COSMOS3 = LatencyModel(fixed_s=0.65, per_item_s=0.19)  # batch 1 in 0.84 s, batch 8 in 2.17 s
 
@@ -40,6 +40,29 @@ def test_answers_slower_than_measured_scale_the_model_up():
     model.observe(2, 2.0)  # predicted 1.0
     assert 1.0 < model.scale < 2.0
     assert model.seconds(2) == pytest.approx(model.scale)
+
+
+def test_the_typical_model_leaves_out_the_first_answers_that_captured_cuda_graphs():
+    # π0.5 on one H200 (docs/measurements/h200-2026-12-03c, the LeRobot run): the probe's
+    # line gives a batch of 16 in 0.25 s; a new batch size's first answer also captures its
+    # CUDA graph (2-4 s). The running correction followed them to 0.47 s a batch.
+    model = LatencyModel(fixed_s=0.058, per_item_s=0.0123)
+    assert model.typical().seconds(16) == pytest.approx(model.seconds(16))  # none yet
+    for service_s in (0.27, 3.1, 0.26, 0.28, 2.4, 0.27, 0.29, 0.27, 2.8, 0.28):
+        model.observe(16, service_s)
+    assert model.seconds(16) > 0.45  # the running correction: the last captures dominate
+    assert model.typical().seconds(16) == pytest.approx(0.28, abs=0.005)  # the median
+    assert model.typical().ratios == ()  # a copy with the scale, not the answers
+
+
+def test_the_typical_model_follows_the_last_answers_kept():
+    model = LatencyModel(fixed_s=0.0, per_item_s=0.1)
+    for _ in range(200):
+        model.observe(1, 0.3)  # slow answers, then many at the line
+    for _ in range(RATIOS_KEPT):
+        model.observe(1, 0.1)
+    assert len(model.ratios) == RATIOS_KEPT
+    assert model.typical().scale == pytest.approx(1.0)
 
 
 def test_a_full_batch_leaves_at_once_and_takes_the_oldest_first():

@@ -2,7 +2,9 @@
 
 Two numbers decide (docs/rfcs/0008-dispatch.md, "auto"):
 - the server's latency model and its time for a full batch, `batch_s` (its capacity probe at
-  start, corrected by the run's own answers: `dispatch.LatencyModel`), of `server_batch`
+  start, scaled by the median of the run's answers so far: `dispatch.LatencyModel.typical`;
+  the first answers also hold the CUDA graphs the server captures for each new batch size,
+  which once made a batch of 16 read 0.47 s against its 0.25 s), of `server_batch`
   observations;
 - the envs' seconds per query, `step_s` (the shard's queries so far: from a chunk sent to the
   env until its next observation came back; the median where one number is wanted).

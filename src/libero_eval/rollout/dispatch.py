@@ -38,11 +38,13 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any
 
 LEAD_FRACTION = 0.1  # send a partial batch this part of a request's service time early
 MIN_LEAD_S = 0.02  # and at least this early (encoding, transfer, the server's preprocessing)
 SMOOTHING = 0.2  # weight of each new answer in the latency model's running correction
+RATIOS_KEPT = 128  # answers whose median `LatencyModel.typical` takes (a shard's first queries)
 
 
 @dataclass
@@ -53,6 +55,8 @@ class LatencyModel:
     fixed_s: float
     per_item_s: float
     scale: float = 1.0
+    # the last answers' service times over the line's prediction, in order (`typical`)
+    ratios: tuple[float, ...] = field(default=(), compare=False, repr=False)
 
     @classmethod
     def from_capacity(cls, capacity: Mapping[str, Any] | None) -> LatencyModel | None:
@@ -83,6 +87,16 @@ class LatencyModel:
         predicted = self.fixed_s + self.per_item_s * observations
         if predicted > 0 and service_s > 0:
             self.scale += SMOOTHING * (service_s / predicted - self.scale)
+            self.ratios = (*self.ratios[1 - RATIOS_KEPT :], service_s / predicted)
+
+    def typical(self) -> LatencyModel:
+        """The line scaled by the median of the last answers' ratios (the probe's line where
+        none came): what a choice made once is based on. A running correction follows the
+        last few answers, and a run's first ones hold the CUDA graphs the server captures for
+        each batch size it has not seen (2-4 s against a batch's 0.25 s for π0.5 on one H200:
+        docs/measurements/h200-2026-12-03c), which a median leaves out."""
+        scale = median(self.ratios) if self.ratios else 1.0
+        return LatencyModel(self.fixed_s, self.per_item_s, scale)
 
 
 @dataclass

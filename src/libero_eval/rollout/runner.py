@@ -223,7 +223,7 @@ class ShardRunner:
             return
         unchosen = self._unchosen()
         keep, as_ready = self.choices.choose(
-            active, self.server_batch, model, self.settings.batch_timeout_s
+            active, self.server_batch, model.typical(), self.settings.batch_timeout_s
         )
         self._spare = max(0, active - keep)
         if as_ready is not None:
