@@ -18,6 +18,7 @@ from .sglang_models import (
     pi05_tensors,
     pi05_tiny_variants,
 )
+from .specs import SEED
 from .weights import default_device, write_shards
 
 MANIFEST = "random_checkpoint.json"
@@ -84,6 +85,7 @@ def build_pi05(
     device: torch.device | None = None,
     weights: bool = True,
     normalization: str = "QUANTILES",
+    seed: int = SEED,
 ) -> dict[str, Any]:
     """A π0.5 directory of one lineage: config.json (+ LeRobot's policy_preprocessor.json or
     openpi's assets/) and model.safetensors; the PaliGemma tokenizer stand-in beside it in
@@ -95,7 +97,7 @@ def build_pi05(
         rows = pi05_tensors(out, lineage)
     written = {"bytes": _bytes(rows)}
     if weights:
-        written = write_shards(rows, out, "model", shard_bytes=1 << 62, device=device)
+        written = write_shards(rows, out, "model", shard_bytes=1 << 62, device=device, seed=seed)
     tokenizer_dir = out / "paligemma_tokenizer_standin"
     vocab = text_tokenizers.build_paligemma_standin(tokenizer_dir)
     if hf_home is not None:
@@ -118,14 +120,19 @@ def build_pi05(
             "tiny π0.5 names variants SGLang does not know: it loads only under "
             "sglang_models.pi05_tiny_variants (loader tests); serve the true size"
         )
-    return _finish(out, report, device, started, weights)
+    return _finish(out, report, device, started, weights, seed)
 
 
 def _finish(
-    out: Path, report: dict[str, Any], device: torch.device, started: float, weights: bool
+    out: Path,
+    report: dict[str, Any],
+    device: torch.device,
+    started: float,
+    weights: bool,
+    seed: int = SEED,
 ) -> dict:
     report.update(
-        weights="random N(0, 0.02), norms 1, seed 1234" if weights else "none (--no-weights)",
+        weights=f"random N(0, 0.02), norms 1, seed {seed}" if weights else "none (--no-weights)",
         device=str(device),
         seconds=round(time.monotonic() - started, 1),
         warning=WARNING,

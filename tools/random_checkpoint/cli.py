@@ -7,7 +7,7 @@ import json
 import os
 from pathlib import Path
 
-from .specs import PI05_LINEAGES, SIZES
+from .specs import PI05_LINEAGES, SEED, SIZES
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -31,6 +31,12 @@ def _parser() -> argparse.ArgumentParser:
     pi.add_argument("--size", choices=SIZES, default="true")
     pi.add_argument("--out", type=Path, required=True)
     pi.add_argument("--norm-stats", type=Path, help="openpi norm_stats.json to ship with it")
+    pi.add_argument(
+        "--seed",
+        type=int,
+        default=SEED,
+        help=f"the weights' generator seed (default {SEED}): checkpoints of one training run",
+    )
     pi.add_argument(
         "--normalization",
         choices=("QUANTILES", "MEAN_STD"),
@@ -94,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
             device,
             weights=not a.no_weights,
             normalization=a.normalization,
+            seed=a.seed,
         )
         print(
             f"pi05 {a.lineage} {a.size}: {report['parameters'] / 1e9:.3f} B parameters "

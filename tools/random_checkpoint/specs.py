@@ -15,6 +15,7 @@ from typing import Any
 SIZES = ("true", "tiny")
 PI05_LINEAGES = ("lerobot", "openpi")
 PALIGEMMA_REPO = "google/paligemma-3b-pt-224"
+SEED = 1234  # the weights' generator seed unless --seed gives another
 
 # --- Cosmos3 (Cosmos3OmniDiffusersPipeline) ------------------------------------------------
 

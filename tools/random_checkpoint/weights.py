@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import save_file
 
 from .sglang_models import Tensor
+from .specs import SEED
 
 
 def init_tensor(row: Tensor, device: torch.device, generator: torch.Generator) -> torch.Tensor:
@@ -37,7 +38,7 @@ def write_shards(
     shard_bytes: int = 4 << 30,
     index_name: str | None = None,
     device: torch.device | None = None,
-    seed: int = 1234,
+    seed: int = SEED,
 ) -> dict[str, int]:
     """Write ``rows`` as ``{stem}.safetensors`` or ``{stem}-0000i-of-0000n.safetensors`` plus
     an index (``index_name``) when more than one shard is needed; returns byte and shard
