@@ -165,14 +165,16 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do_and_bad_records_rerun(wor
     timeline = dispatch["timeline"]
     assert None not in timeline.values(), timeline
     assert timeline["job_start"] <= timeline["envs_started"] <= timeline["envs_ready"]
-    assert timeline["envs_ready"] <= timeline["service_ready"]  # the server's start is longer
+    # the envs were started before the server was ready (which of the two is ready first is
+    # a race: on a loaded machine the envs' start may outlast the CPU server's)
+    assert timeline["envs_started"] <= timeline["service_ready"]
     assert timeline["service_ready"] <= timeline["first_request"] <= timeline["last_answer"]
     assert timeline["last_answer"] <= timeline["shard_end"]
     assert timeline["first_request"] == min(r[0] for r in dispatch["requests"])
     assert dispatch["envs_choice"]["envs"] == 2 and dispatch["envs_choice"]["setting"] == 2
     assert dispatch["dispatch_choice"]["merged_dispatch"] is None  # Cosmos3: no merging
-    assert log.index("envs ready: 2 envs in") < log.index("server ready")
-    assert "(before the server was ready)" in log
+    assert log.index("starting 2 envs") < log.index("server ready")
+    assert re.search(r"envs ready: 2 envs in [0-9.]+ s \((before|after) the server was ready", log)
     assert log.index("server ready") < log.index("first request ") < log.index("shard end ")
     serve_log = (workdir / "logs" / run_id / "serve" / "slot0.log").read_text()
     assert f"start-up delay: {SERVER_START_S:.1f} s (server.reference.startup_delay_s)" in serve_log
