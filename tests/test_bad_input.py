@@ -109,6 +109,14 @@ def test_run_id_with_a_trailing_newline_is_named(workdir):
     assert not (workdir / "results" / "bad_input\n").exists()
 
 
+def test_gpu_ids_shorter_than_the_slots_are_named_with_the_fix(workdir):
+    # (a shipped 8-slot config with an overlay of gpu_ids: [0] said "server.gpu_id: [] should
+    # be non-empty", a field the user never wrote)
+    error = snakemake_error(workdir, "run_id: bad_input\nserver: {num_slots: 2, gpu_ids: [0]}\n")
+    assert "server.gpu_ids lists 1 devices but 2 slots x 1 GPUs each need 2" in error
+    assert "server.gpu_id:" not in error
+
+
 def test_misspelled_config_field_is_named(workdir):
     error = snakemake_error(workdir, "run_id: bad_input\nrollout: {max_stepz: 16}\n")
     assert "'max_stepz' was unexpected" in error

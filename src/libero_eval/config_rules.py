@@ -187,9 +187,9 @@ RUN_RULES = (
     reset_seeding_fits_the_protocol,
     family_accepts_the_run,
     urls_name_one_server_per_slot,
+    gpu_ids_cover_the_slots,  # before the slots' settings, which would miss their GPUs
     each_slots_server_is_valid,
     envs_split_over_the_shards,
-    gpu_ids_cover_the_slots,
     privileged_state_only_for_the_expert,
 )
 
