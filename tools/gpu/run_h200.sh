@@ -47,6 +47,12 @@
 #                                     beside busy cores (spinning, streaming memory)
 #   probe-render:ENVS                 tools/gpu/render_probe.py: ENVS real LIBERO envs render
 #                                     on GPU 0; their GL renderer and GPU memory
+#   train-pi05:N[@TASKS:TRIALS]       a training run on GPU 0: N true-size random π0.5 openpi
+#                                     checkpoints (checkpoint-1000 .. N000, weights seeded 1..N)
+#                                     in one snakemake run (`checkpoints:`, --resources gpu=1,
+#                                     the openpi config; MAX_STEPS, default 60; plan default
+#                                     0,1:2); each checkpoint's timeline (tools/gpu/train_table.py)
+#                                     and the learning curve
 # Setup runs first, once per machine: unpack the bundle into /tmp/lg, check the imports.
 set -u
 REPO=$(pwd)
@@ -349,6 +355,59 @@ probe() {  # envs
   pack
 }
 
+train() {  # family count [plan]: a training run of COUNT random checkpoints on GPU 0
+  local family=$1 count=$2 base k t
+  local plan=${3:-${PLAN:-0,1:2}}
+  local tasks=${plan%%:*} trials=${plan##*:}
+  [ "$tasks" = all ] || tasks="[$tasks]"
+  local run="h200_train_${family}_c${count}${TAG:+_$TAG}"
+  base=$(ckdir $(( 8 * count )))/train_$family
+  t=$(date +%s)
+  for k in $(seq "$count"); do
+    local dir=$base/checkpoint-${k}000
+    [ -f $dir/random_checkpoint.json ] || python3 tools/random_checkpoint pi05 --lineage openpi --size true --seed "$k" \
+      --out $dir --norm-stats src/libero_eval/data/stats/pi05_libero_norm_stats.json --hf-home "$HF_HOME" 2>&1 | grep -E "^pi05|Error|error" | cut -c1-300
+    PYTHONPATH=tools:${PYTHONPATH:-} python3 -c "import sys; from pathlib import Path; from random_checkpoint.pi05_layouts import write_tokenizer_standins as w; w(Path(sys.argv[1]))" $dir
+  done
+  say "[$run] $count checkpoints under $base ($(( $(date +%s) - t )) s): $(ls $base | tr '\n' ' ')"
+  local max_steps=${MAX_STEPS:-60}
+  printf '%s\n' "run_id: $run" "checkpoints: [\"$base/checkpoint-*\"]" \
+    "plan: {suites: [libero_spatial], task_ids: $tasks, num_trials_per_task: $trials}" \
+    "server:" "  num_slots: 1" "  gpu_ids: [0]" "  health_timeout_s: 600" "  sglang:" \
+    "    command: [$L/bin/sglang]" "    model_path: null" "    attention_backend: torch_sdpa" \
+    "rollout:" "  max_steps: $max_steps" "  render_device: slot_gpu" > /tmp/overlay_$run.yaml
+  say "[$run] snakemake --resources gpu=1: $count checkpoints, plan $plan, max_steps $max_steps"
+  python3 tools/gpu/gpu_monitor.py "$R/gpu_$run.jsonl" --period-s 1 --cpu &
+  local mon=$!
+  local ts
+  ts=$(date +%s.%N)
+  timeout -k 10 $(( $(left) - 30 )) python3 -m snakemake --cores 40 --resources gpu=1 --scheduler greedy \
+    --rerun-incomplete --configfile "$(config_of $family)" /tmp/overlay_$run.yaml \
+    > "$R/snakemake_$run.log" 2>&1
+  local rc=$?
+  local wall
+  wall=$(python3 -c "import time; print(round(time.time() - $ts, 1))")
+  sleep 2
+  kill $mon 2>/dev/null; wait $mon 2>/dev/null
+  say "[$run] snakemake rc=$rc in ${wall}s; sglang processes left: $(pgrep -fc 'sglang' || true); GPU used after: $(nvidia-smi --query-gpu=memory.used --format=csv,noheader)"
+  mkdir -p "$R/$run"
+  cp -r results/$run/learning_curve "$R/$run/" 2>/dev/null
+  cp logs/$run/eval_embodiment.log "$R/$run/" 2>/dev/null
+  for k in $(seq "$count"); do
+    local name=checkpoint-${k}000
+    mkdir -p "$R/$run/$name/logs"
+    cp -r results/$run/checkpoints/$name/summary results/$run/checkpoints/$name/shards \
+      results/$run/checkpoints/$name/servers "$R/$run/$name/" 2>/dev/null
+    cp -r logs/$run/checkpoints/$name "$R/$run/$name/logs/" 2>/dev/null
+  done
+  grep -hE "workflow (launch|end)|server (launch|ready|stopped)|envs ready|first request|shard end|GPU" \
+    logs/$run/eval_embodiment.log logs/$run/checkpoints/*/eval_embodiment.log 2>/dev/null | cut -c1-300 | head -60
+  python3 tools/gpu/train_table.py "$R/$run" "$count"
+  head -30 "$R/$run/learning_curve/learning_curve.md" 2>/dev/null
+  tail -3 "$R/snakemake_$run.log"
+  pack
+}
+
 setup
 for phase in "$@"; do
   case $phase in
@@ -361,6 +420,7 @@ for phase in "$@"; do
     sweep-*) need=${NEED:-300} ;;
     cpu-probe) need=40 ;;
     table) need=5 ;;
+    train-*) need=${NEED:-300} ;;
     *) say "unknown phase $phase"; continue ;;
   esac
   if [ "$(left)" -lt "$need" ]; then say "SKIP $phase: $(left) s left, needs about $need"; continue; fi
@@ -368,6 +428,7 @@ for phase in "$@"; do
     ckpt-*) t=$(date +%s); ckpt "${phase#ckpt-}"; say "$phase: $(cat "$R/ckpt_${phase#ckpt-}.json" 2>/dev/null | tr -d '\n' | cut -c1-500) ($(( $(date +%s) - t )) s)" ;;
     wf-*) f=${phase#wf-}; p=""; [[ $f == *@* ]] && p=${f#*@} && f=${f%%@*}; workflow "${f%%:*}" "${f##*:}" $p ;;
     table) table ;;
+    train-*) f=${phase#train-}; p=""; [[ $f == *@* ]] && p=${f#*@} && f=${f%%@*}; train "${f%%:*}" "${f##*:}" $p ;;
     bench-*) bench "${phase#bench-}" ;;
     probe-render:*) probe "${phase#probe-render:}" ;;
     sweep-*) sweep "${phase#sweep-}" ;;
