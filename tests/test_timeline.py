@@ -107,13 +107,18 @@ def test_an_older_runners_log_gives_its_requests_and_end_and_no_envs_ready():
     assert math.isnan(row["envs_ready_s"])
 
 
-def test_without_the_workflows_launch_the_servers_launch_is_the_origin_and_no_wall_time():
+def test_without_the_workflows_launch_the_wall_time_counts_from_the_servers_launch():
+    """A training run's checkpoint: its event log has no launch line (its server waited for a
+    GPU while other checkpoints ran), so its own time is its server's launch to aggregate."""
     row = slot_timeline(openpi_run(), SERVER, None, LAUNCH + 231, 2640, 67.7)
     assert row["timeline_origin"] == "server launch" and row["server_launch_s"] == 0
     assert row["start_to_ready_s"] == 96 and row["first_request_s"] == 145
-    assert math.isnan(row["launch_to_server_launch_s"]) and math.isnan(row["wall_s"])
+    assert math.isnan(row["launch_to_server_launch_s"])
+    assert row["wall_s"] == 231 - 3  # the server launched 3 s after the workflow
     assert row["bound_s"] == pytest.approx(135.0, abs=0.01)  # the bound needs no launch
-    assert math.isnan(row["wall_over_bound"])
+    assert row["wall_over_bound"] == pytest.approx(228 / 135.0, abs=1e-3)
+    line = timeline_line(row | {"slot": 0, "observations": 2640, "capacity_obs_per_s": 67.7})
+    assert "; server launch → aggregate 228.0 s against a bound of 135" in line
 
 
 def test_nothing_known_is_nothing_guessed():

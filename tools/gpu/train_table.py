@@ -3,10 +3,11 @@
     python3 tools/gpu/train_table.py RUN_DIR COUNT
 
 RUN_DIR holds checkpoint-1000 .. checkpoint-<COUNT>000, each with the checkpoint's
-``summary/efficiency.csv`` (the report's windows, libero_eval.analysis.timeline). A
-checkpoint's own time is its server's launch to its aggregate (the workflow's launch to its
-server's launch is the wait for the GPU while the checkpoints before it ran); its bound is the
-report's: its server's start to ready plus its observations at the probe's closed-loop rate.
+``summary/efficiency.csv`` (the report's windows, libero_eval.analysis.timeline, whose origin
+for a checkpoint is its server's launch: before it, its server waited for the GPU while the
+checkpoints before it ran). A checkpoint's own time is its server's launch to its aggregate;
+its bound is the report's: its server's start to ready plus its observations at the probe's
+closed-loop rate.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from pathlib import Path
 import pandas as pd
 
 COLUMNS = (
-    "launch_to_server_launch_s",
     "start_to_ready_s",
     "envs_ready_s",
     "ready_to_first_request_s",
     "serving_s",
     "last_answer_to_shard_end_s",
-    "wall_s",
+    "shard_end_to_aggregate_s",
     "observations",
     "bound_s",
 )
@@ -39,7 +39,7 @@ def main(run: Path, count: int) -> int:
             print(f"| {name} | no efficiency.csv |")
             continue
         row = pd.read_csv(path).iloc[0]
-        own = float(row["wall_s"]) - float(row["launch_to_server_launch_s"])
+        own = float(row["aggregate_s"])  # from its origin, the server's launch
         cells = " | ".join(f"{float(row[c]):.1f}" if c in row else "" for c in COLUMNS)
         print(f"| {name} | {cells} | {own:.1f} | {own / float(row['bound_s']):.2f} |")
     return 0

@@ -149,7 +149,9 @@ def slot_timeline(
         # the first window starts at the workflow's launch: unknown without it
         begin = row[start] if start else (0.0 if launch is not None else math.nan)
         row[column] = row[end] - begin
-    row["wall_s"] = row["aggregate_s"] if launch is not None else math.nan
+    # from the origin: the workflow's launch, else (a training run's checkpoint, whose server
+    # waited for a GPU while others ran) its server's launch, the checkpoint's own time
+    row["wall_s"] = row["aggregate_s"]
     serving_bound = observations / obs_per_s if obs_per_s > 0 else math.nan
     row["bound_serving_s"] = serving_bound
     row["bound_s"] = row["start_to_ready_s"] + serving_bound
@@ -198,6 +200,11 @@ def _envs_note(row: Mapping[str, Any]) -> str:
     return note
 
 
+def _origin_short(row: Mapping[str, Any]) -> str:
+    """``launch`` (the workflow's) or ``server launch``: where a slot's wall time counts from."""
+    return "launch" if row["timeline_origin"] == "workflow launch" else row["timeline_origin"]
+
+
 def timeline_line(row: Mapping[str, Any]) -> str:
     """The event log's line for a slot."""
     gaps = ", ".join(f"{label} {number(row[column])} s" for column, _, _, label in GAPS)
@@ -206,7 +213,7 @@ def timeline_line(row: Mapping[str, Any]) -> str:
     line += f"; {envs}" if envs else ""
     if not math.isnan(row["wall_s"]):
         line += (
-            f"; launch → aggregate {row['wall_s']:.1f} s against a bound of "
+            f"; {_origin_short(row)} → aggregate {row['wall_s']:.1f} s against a bound of "
             f"{number(row['bound_s'])} s ({number(row['start_to_ready_s'])} s to ready + "
             f"{row['observations']} observations at {number(row['capacity_obs_per_s'], '.2f')} "
             f"obs/s): {number(row['wall_over_bound'], '.2f')}x"
@@ -229,10 +236,10 @@ def timeline_markdown(row: Mapping[str, Any]) -> str:
         [label, number(row[column]), number(row[end]), bound_parts.get(column, "")]
         for column, _, end, label in GAPS
     ]
-    if row["timeline_origin"] == "workflow launch":
+    if not math.isnan(row["wall_s"]):
         windows.append(
             [
-                "**launch → aggregate**",
+                f"**{_origin_short(row)} → aggregate**",
                 f"**{number(row['wall_s'])}**",
                 "",
                 f"**{number(row['bound_s'])}** (ratio **{number(row['wall_over_bound'], '.2f')}**)",
