@@ -15,6 +15,9 @@ import json, os, signal, subprocess, sys
 from libero_eval.interrupt import StopJobsOnSignal
 
 called = []
+# Python's own SIGINT handler, also where this process started with SIGINT ignored (a job a
+# non-interactive shell put in the background, where Python installs none)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 signal.signal(signal.SIGTERM, lambda signum, frame: called.append("replaced handler"))
 job = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
 stop = StopJobsOnSignal().install()
