@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pandas as pd
 
+from libero_eval.analysis.display import markdown_table
+
+# efficiency.csv's windows and bound
 COLUMNS = (
     "start_to_ready_s",
     "envs_ready_s",
@@ -30,18 +33,21 @@ COLUMNS = (
 
 
 def main(run: Path, count: int) -> int:
-    print("| checkpoint | " + " | ".join(COLUMNS) + " | own (server launch -> aggregate) | ratio |")
-    print("|---" * (len(COLUMNS) + 3) + "|")
+    rows = []
     for k in range(1, count + 1):
         name = f"checkpoint-{k}000"
         path = run / name / "summary" / "efficiency.csv"
         if not path.is_file():
-            print(f"| {name} | no efficiency.csv |")
+            print(f"{name}: no {path}")
             continue
         row = pd.read_csv(path).iloc[0]
         own = float(row["aggregate_s"])  # from its origin, the server's launch
-        cells = " | ".join(f"{float(row[c]):.1f}" if c in row else "" for c in COLUMNS)
-        print(f"| {name} | {cells} | {own:.1f} | {own / float(row['bound_s']):.2f} |")
+        rows.append(
+            {"checkpoint": name, **row.reindex(list(COLUMNS)).round(1).to_dict()}
+            | {"server launch -> aggregate": round(own, 1), "ratio": round(own / row["bound_s"], 2)}
+        )
+    if rows:
+        print(markdown_table(pd.DataFrame(rows)))
     return 0
 
 
