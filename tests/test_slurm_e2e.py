@@ -3,9 +3,10 @@
 `.ci/slurm/run.sh` starts Slurm (`.ci/slurm/setup.sh`: slurm-wlm + munge on localhost), runs
 the evaluation with shard000 made to fail once, lets `--retries` resubmit its slot job, and
 checks the summary, the resume and that no Slurm job or process is left. The test cuts the
-default evaluation to task 0 (2 episodes: one before the failure, one after the resubmission);
-the Slurm plugin's status checks back off (5 s, then 10 s longer each time), so each slot job
-costs its run time plus up to a check interval.
+default evaluation to task 0 (2 episodes: one before the failure, one after the resubmission)
+of 96 steps (the scripted expert needs 82-89 there; the rlinf protocol runs each episode to its
+limit); the Slurm plugin's status checks back off (5 s, then 10 s longer each time), so each
+slot job costs its run time plus up to a check interval, and a shorter job waits less.
 """
 
 import os
@@ -32,7 +33,7 @@ def test_default_evaluation_through_slurm_with_a_resubmitted_shard(tmp_path):
     run_id = "pytest_slurm"
     env = {**os.environ, "PYTHON": sys.executable, "RUN_ID": run_id}
     overlay = tmp_path / "task0.yaml"
-    overlay.write_text("plan: {task_ids: [0]}\n")
+    overlay.write_text("plan: {task_ids: [0]}\nrollout: {max_steps: 96}\n")
     configs = ["--configfile", "config/config.yaml", str(overlay)]
     try:
         result = subprocess.run(
