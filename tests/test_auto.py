@@ -206,3 +206,34 @@ def test_the_renderers_gpu_budget_is_what_the_server_leaves_of_the_gpu():
     config["server"]["backend"] = "sglang"
     config["server"]["sglang"]["gpu_memory_cap_gib"] = 120
     assert RunSettings(config).render_gpu_budget_mib(h200) == 143_771 - 120 * 1024
+
+
+def test_a_family_whose_server_keeps_its_weights_resident_leaves_the_renderers_the_rest():
+    """π0.5's SGLang pipeline keeps its weights resident whatever is free, so its renderers
+    may take all but what its server takes: on one H100 the shipped openpi config starts its
+    32 envs (the 14% kept for Cosmos3's 120 GiB threshold allowed 20, and the run used 66% of
+    its server). Cosmos3 keeps the 14%; a cap the config sets still wins."""
+    from pathlib import Path
+
+    import yaml
+
+    from libero_eval.config import RunSettings, validate_config
+    from libero_eval.policy.families.pi05 import SGLANG_SERVER_GIB
+    from libero_eval.rollout.render_device import RenderPlan
+
+    repo = Path(__file__).resolve().parents[1]
+    h100 = RenderPlan("GPU 0", {}, 81_559)  # MiB, as nvidia-smi reports one H100 80GB HBM3
+    pi05 = yaml.safe_load((repo / "config" / "libero_pi05_openpi_sglang.yaml").read_text())
+    validate_config(pi05)
+    budget = RunSettings(pi05).render_gpu_budget_mib(h100)
+    assert budget == 81_559 - int(SGLANG_SERVER_GIB * 1024)
+    envs = pi05["rollout"]["envs_per_shard"]
+    assert auto.start_count(envs, 60, True, budget) == (
+        envs,
+        auto.start_count(envs, 60, False, None)[1],
+    )
+    cosmos3 = yaml.safe_load((repo / "config" / "libero_spatial_cosmos3_sglang.yaml").read_text())
+    validate_config(cosmos3)
+    assert RunSettings(cosmos3).render_gpu_budget_mib(h100) == int(81_559 * auto.RENDER_GPU_SHARE)
+    pi05["server"]["sglang"]["gpu_memory_cap_gib"] = 70
+    assert RunSettings(pi05).render_gpu_budget_mib(h100) == 81_559 - 70 * 1024

@@ -463,12 +463,16 @@ class RunSettings:
 
     def render_gpu_budget_mib(self, render: RenderPlan | None) -> int | None:
         """GPU memory the env workers' renderers may take (None: they render on no GPU of
-        known size): what server.sglang.gpu_memory_cap_gib leaves of the GPU, else 14% of it
-        (`rollout.auto.RENDER_GPU_SHARE`)."""
+        known size): what an SGLang server leaves of the GPU, capped
+        (server.sglang.gpu_memory_cap_gib) or as its family says it takes
+        (`Family.sglang_server_gib`), else 14% of it (`rollout.auto.RENDER_GPU_SHARE`)."""
         total = render.gpu_memory_mib if render is not None else None
         if total is None:
             return None
-        cap_gib = self.config["server"]["sglang"]["gpu_memory_cap_gib"]
-        if self.config["server"]["backend"] == "sglang" and cap_gib is not None:
-            return max(0, total - int(cap_gib * 1024))
+        if self.config["server"]["backend"] == "sglang":
+            cap_gib = self.config["server"]["sglang"]["gpu_memory_cap_gib"]
+            if cap_gib is None:
+                cap_gib = families.get(self.config["policy"]["family"]).sglang_server_gib
+            if cap_gib is not None:
+                return max(0, total - int(cap_gib * 1024))
         return int(total * RENDER_GPU_SHARE)

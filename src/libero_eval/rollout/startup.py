@@ -32,7 +32,8 @@ What the start minds:
   offload ... because minimum available memory ... is"). With
   `rollout.total_num_envs: auto` the envs a shard starts stay within its render budget
   (`ShardSettings.render_gpu_budget_mib`: 14% of the GPU, 36 envs on an H200, or what
-  `server.sglang.gpu_memory_cap_gib` leaves; `auto.start_count`); a fixed count is the
+  `server.sglang.gpu_memory_cap_gib` leaves, or what a family whose weights stay resident
+  says its server takes, `Family.sglang_server_gib`; `auto.start_count`); a fixed count is the
   user's, and `server.sglang.performance_mode: speed` keeps the weights resident whatever
   is free.
 """

@@ -112,6 +112,11 @@ class Family:
     - ``sglang_warmup``: ``config -> sglang serve arguments`` that make SGLang's own start-up
       warm-up run the run's request shape (added unless ``server.sglang.extra_args`` sets a
       ``--warmup-*`` flag itself); None: SGLang's default.
+    - ``sglang_server_gib``: the GPU memory (GiB) its SGLang server takes while it serves,
+      for a family whose pipeline keeps its weights resident whatever is free (it declares
+      no ``keep_resident_min_available_gb``): the env renderers of ``rollout.total_num_envs:
+      auto`` may take the rest of the GPU. None: they take ``rollout.auto.RENDER_GPU_SHARE``
+      of it, which leaves a threshold of 120 GiB free on an H200.
     """
 
     name: str
@@ -128,6 +133,7 @@ class Family:
     statistics_field: str | None = None
     graph_batches: Callable[[dict[str, Any]], tuple[int, ...]] | None = None
     sglang_warmup: Callable[[dict[str, Any]], tuple[str, ...]] | None = None
+    sglang_server_gib: float | None = None
 
     def __post_init__(self) -> None:
         if self.adapter.family != self.name:
