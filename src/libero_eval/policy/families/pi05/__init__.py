@@ -11,10 +11,11 @@ weights stay resident whatever is free); they load in ``Pi05PolicyModel.from_pre
 which logs "Pi05 weights loaded successfully"; a ``VLA_ACTION`` pipeline runs no synthetic
 warm-up; its dynamic batching merges one-observation requests (``--batching-max-size``), and
 its denoise CUDA graphs are captured per batch size (:func:`pi05_graph_batches`). Its server
-took at most 15.0 GiB of the GPU serving batches of up to 16 (the true-size openpi lineage,
-its graphs captured: 15,372 MiB on one H100, 14,686 MiB on one H200; docs/performance.md),
-so the env renderers may take all but ``SGLANG_SERVER_GIB`` of it, which leaves room for the
-32 graphs ``action_cuda_graph_max_entries`` allows.
+took at most 16 GiB of the GPU serving batches of up to 16 (the true-size openpi lineage with
+its graphs captured: 15,372 MiB through the workflow and 14,686 MiB in the bench on one H100,
+about 16 GiB on one H200; docs/performance.md), so the env renderers may take all but
+``SGLANG_SERVER_GIB`` of it, which leaves room for the 32 graphs
+``action_cuda_graph_max_entries`` allows.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from libero_eval.policy.families.pi05.run_config import (
     reference_pi05_model,
 )
 
-#: GPU memory its SGLang server may take (GiB): the measured 15.0 and room for more graphs
+#: GPU memory its SGLang server may take (GiB): the measured 15-16 and room for more graphs
 SGLANG_SERVER_GIB = 24.0
 
 #: policy.pi05.api -> (channel, websocket path, readiness path)
