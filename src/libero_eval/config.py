@@ -470,9 +470,9 @@ class RunSettings:
         if total is None:
             return None
         if self.config["server"]["backend"] == "sglang":
-            cap_gib = self.config["server"]["sglang"]["gpu_memory_cap_gib"]
-            if cap_gib is None:
-                cap_gib = families.get(self.config["policy"]["family"]).sglang_server_gib
-            if cap_gib is not None:
-                return max(0, total - int(cap_gib * 1024))
+            server_gib = self.config["server"]["sglang"]["gpu_memory_cap_gib"]
+            if server_gib is None:
+                server_gib = families.get(self.config["policy"]["family"]).sglang_server_gib
+            if server_gib is not None:
+                return max(0, total - int(server_gib * 1024))
         return int(total * RENDER_GPU_SHARE)
