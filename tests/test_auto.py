@@ -187,17 +187,24 @@ def test_in_the_model_as_ready_costs_nothing_where_the_server_is_the_bound():
             assert results[1].obs_per_s > 0.97 * capacity(model, batch)
 
 
-def test_the_renderers_gpu_budget_is_what_the_server_leaves_of_the_gpu():
+def shipped_config(name: str) -> dict:
+    """config/<name> with the schema's defaults filled in, as the workflow sees it."""
     from pathlib import Path
 
     import yaml
 
-    from libero_eval.config import RunSettings, validate_config
+    from libero_eval.config import validate_config
+
+    config = yaml.safe_load((Path(__file__).resolve().parents[1] / "config" / name).read_text())
+    validate_config(config)
+    return config
+
+
+def test_the_renderers_gpu_budget_is_what_the_server_leaves_of_the_gpu():
+    from libero_eval.config import RunSettings
     from libero_eval.rollout.render_device import RenderPlan
 
-    repo = Path(__file__).resolve().parents[1]
-    config = yaml.safe_load((repo / "config" / "config.yaml").read_text())
-    validate_config(config)
+    config = shipped_config("config.yaml")
     h200 = RenderPlan("GPU 0", {}, 143_771)  # MiB, as nvidia-smi reports one H200
     settings = RunSettings(config)
     assert settings.render_gpu_budget_mib(h200) == int(143_771 * auto.RENDER_GPU_SHARE)
@@ -213,27 +220,18 @@ def test_a_family_whose_server_keeps_its_weights_resident_leaves_the_renderers_t
     may take all but what its server takes: on one H100 the shipped openpi config starts its
     32 envs (the 14% kept for Cosmos3's 120 GiB threshold allowed 20, and the run used 66% of
     its server). Cosmos3 keeps the 14%; a cap the config sets still wins."""
-    from pathlib import Path
-
-    import yaml
-
-    from libero_eval.config import RunSettings, validate_config
+    from libero_eval.config import RunSettings
     from libero_eval.policy.families.pi05 import SGLANG_SERVER_GIB
     from libero_eval.rollout.render_device import RenderPlan
 
-    repo = Path(__file__).resolve().parents[1]
     h100 = RenderPlan("GPU 0", {}, 81_559)  # MiB, as nvidia-smi reports one H100 80GB HBM3
-    pi05 = yaml.safe_load((repo / "config" / "libero_pi05_openpi_sglang.yaml").read_text())
-    validate_config(pi05)
+    pi05 = shipped_config("libero_pi05_openpi_sglang.yaml")
     budget = RunSettings(pi05).render_gpu_budget_mib(h100)
     assert budget == 81_559 - int(SGLANG_SERVER_GIB * 1024)
     envs = pi05["rollout"]["envs_per_shard"]
-    assert auto.start_count(envs, 60, True, budget) == (
-        envs,
-        auto.start_count(envs, 60, False, None)[1],
-    )
-    cosmos3 = yaml.safe_load((repo / "config" / "libero_spatial_cosmos3_sglang.yaml").read_text())
-    validate_config(cosmos3)
+    # the GPU memory bounds nothing: the shard starts what it would without the budget
+    assert auto.start_count(envs, 60, True, budget) == auto.start_count(envs, 60, False, None)
+    cosmos3 = shipped_config("libero_spatial_cosmos3_sglang.yaml")
     assert RunSettings(cosmos3).render_gpu_budget_mib(h100) == int(81_559 * auto.RENDER_GPU_SHARE)
     pi05["server"]["sglang"]["gpu_memory_cap_gib"] = 70
     assert RunSettings(pi05).render_gpu_budget_mib(h100) == 81_559 - 70 * 1024
