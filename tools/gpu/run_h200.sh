@@ -106,9 +106,19 @@ setup() {
       python3 -c "import sys, zipfile; z = zipfile.ZipFile(sys.argv[1]); n = [f for f in z.namelist() if f.endswith('/scripts/py-spy')][0]; open(sys.argv[2], 'wb').write(z.read(n))" "$(ls "$BUNDLE"/py_spy-*.whl | head -1)" $L/bin/py-spy && chmod +x $L/bin/py-spy
     fi
     chmod +x $L/bin/sglang $L/bin/snakemake
+    # the bytecode `pip install` compiles (its default): the bundle carries none, so without
+    # this every first import on the node compiles its source, inside the server's start and
+    # each job's (COMPILE=0 leaves it out, for comparison)
+    if [ "${COMPILE:-1}" = 1 ]; then
+      t=$(date +%s)
+      python3 -m compileall -q -j 0 $L/site $L/libero "$REPO/src" > /dev/null 2>&1
+      say "setup: bytecode compiled in $(( $(date +%s) - t )) s"
+    fi
     touch $L/ok
     say "setup: unpacked $(du -sh $L/site | cut -f1) site, $(du -sh $L/libero | cut -f1) LIBERO"
   fi
+  # what the server's command costs before it does anything: its entry point's imports
+  say "setup: sglang's server imports in $(python3 -c "import time; t = time.time(); import sglang.cli.main, sglang.multimodal_gen.runtime.launch_server; print(round(time.time() - t, 1))" 2>/dev/null) s"
   nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv,noheader
   say "CPU: $(lscpu | grep -E '^(Model name|Thread\(s\) per core|Core\(s\) per socket|Socket\(s\)|NUMA node\(s\))' | tr -s ' ' | tr '\n' ';')"
   echo "nproc $(nproc), memory $(free -g | awk '/Mem/{print $2}') GiB, /dev/shm $(df -h --output=avail /dev/shm | tail -1)"
