@@ -171,6 +171,7 @@ def test_verdict_slow_envs_when_batches_leave_partial_while_the_envs_step():
     verdict = diagnose(figures(batch_fill=0.6, envs_waiting=3.3, envs_stepping=3.9))
     assert verdict.cause == "envs_slow"
     assert "rollout.total_num_envs" in verdict.message
+    assert "a prompt's envs" in verdict.message  # a request carries one prompt's batch
 
 
 def test_verdict_unexplained_otherwise():
@@ -310,6 +311,7 @@ def test_a_merging_servers_batch_fill_is_its_own_batches_and_low_fill_asks_for_e
     verdict = diagnose(figures(max_batch_size=1, server_batch=16, batch_fill=0.5, envs_waiting=9.0))
     assert verdict.cause == "envs_slow"
     assert "batching_delay_ms" not in verdict.message
+    assert "prompt" not in verdict.message  # its batch waits on no prompt's envs
     assert diagnose(figures(batch_fill=0.5, envs_waiting=9.0)).cause == "batches_unfilled"
 
 

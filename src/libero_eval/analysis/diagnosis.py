@@ -103,15 +103,23 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
             "did best and SGLang's own 16 starved the node), rollout.env_niceness (the envs "
             "yield to the server at 10), more cores per GPU or fewer envs per node",
         )
+    merging = merges_requests(figures)
     if figures["batch_fill"] < LOW_FILL and (
-        merges_requests(figures) or figures["envs_stepping"] >= figures["envs_waiting"]
+        merging or figures["envs_stepping"] >= figures["envs_waiting"]
     ):
+        # a merging server batches requests of any prompt (SGLang 0.5.23: `prompt` is
+        # batch_sig_exclude in configs/sample/action.py), so its batch waits on no prompt
+        late = (
+            "too few envs are back before the server is free, so it starts a partial batch"
+            if merging
+            else "a prompt's envs are not back before the server is free, so its batch "
+            "leaves partial"
+        )
         return Verdict(
             "envs_slow",
             f"{head}: batches are {figures['batch_fill']:.0%} full and the envs step "
             f"({figures['envs_stepping']:.1f} on average) as long as they wait "
-            f"({figures['envs_waiting']:.1f}): a prompt's envs are not back before the "
-            "server is free, so its batch leaves partial; add envs per GPU "
+            f"({figures['envs_waiting']:.1f}): {late}; add envs per GPU "
             "(rollout.total_num_envs: one more batch of envs) or give the envs more CPUs",
         )
     if figures["batch_fill"] < LOW_FILL:
