@@ -45,6 +45,11 @@ LEAD_FRACTION = 0.1  # send a partial batch this part of a request's service tim
 MIN_LEAD_S = 0.02  # and at least this early (encoding, transfer, the server's preprocessing)
 SMOOTHING = 0.2  # weight of each new answer in the latency model's running correction
 RATIOS_KEPT = 128  # answers whose median `LatencyModel.typical` takes (a shard's first queries)
+# `LatencyModel.typical` leaves out answers more than this factor off the probe's line: a CUDA
+# graph captured for a new batch size (2-16x for π0.5), or a merging server's answer that came
+# back with an earlier batch (near 0). A server's full batches beside its envs took 7-20% longer
+# than at its probe (docs/measurements/h100-2026-12-07b), well inside it.
+TYPICAL_BAND = 1.5
 
 
 @dataclass
@@ -90,12 +95,17 @@ class LatencyModel:
             self.ratios = (*self.ratios[1 - RATIOS_KEPT :], service_s / predicted)
 
     def typical(self) -> LatencyModel:
-        """The line scaled by the median of the last answers' ratios (the probe's line where
-        none came): what a choice made once is based on. A running correction follows the
-        last few answers, and a run's first ones hold the CUDA graphs the server captures for
-        each batch size it has not seen (2-4 s against a batch's 0.25 s for π0.5 on one H200:
-        docs/measurements/h200-2026-12-03c), which a median leaves out."""
-        scale = median(self.ratios) if self.ratios else 1.0
+        """The line scaled by the median of the last answers' ratios that lie within
+        `TYPICAL_BAND` of it (the probe's line where none do): what a choice made once is
+        based on. A running correction follows the last few answers; a run's first ones hold
+        the CUDA graphs the server captures for each batch size it has not seen (2-4 s against
+        a batch's 0.25 s for π0.5 on one H200: docs/measurements/h200-2026-12-03c), and at a
+        merging server part of a batch comes back with the one before (SGLang merged it
+        there), a few ms after it. Both can be most of a shard's first answers (the LeRobot
+        run of docs/measurements/h100-2026-12-07b read a batch of 16 in 0.43 s against its
+        0.23 s), so both are left out, not outvoted."""
+        kept = [r for r in self.ratios if 1 / TYPICAL_BAND <= r <= TYPICAL_BAND]
+        scale = median(kept) if kept else 1.0
         return LatencyModel(self.fixed_s, self.per_item_s, scale)
 
 
