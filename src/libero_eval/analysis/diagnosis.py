@@ -120,7 +120,8 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
             f"{head}: batches are {figures['batch_fill']:.0%} full and the envs step "
             f"({figures['envs_stepping']:.1f} on average) as long as they wait "
             f"({figures['envs_waiting']:.1f}): {late}; add envs per GPU "
-            "(rollout.total_num_envs: one more batch of envs) or give the envs more CPUs",
+            "(rollout.total_num_envs: one more batch of envs; with total_num_envs auto, "
+            "rollout.envs_per_shard, the most a shard starts) or give the envs more CPUs",
         )
     if figures["batch_fill"] < LOW_FILL:
         return Verdict(
