@@ -152,3 +152,16 @@ def test_the_done_table_takes_the_closed_loop_the_bench_measured_on_the_same_mac
     )
     workflow_run.main([str(run), "--done"])  # else the capacity probe's rate
     assert "| 40 | 1.50 | 4.0 (100%) | 4.0 (capacity probe) |" in capsys.readouterr().out
+
+
+def test_a_run_that_did_not_finish_is_left_out_and_named(tmp_path, capsys):
+    # a run the kit's deadline killed has no summary: the table shows the others
+    run = make_run(tmp_path)
+    killed = tmp_path / "h200_pi05lr_e48"
+    (killed / "shards").mkdir(parents=True)
+    assert workflow_run.main([str(killed), str(run), "--done"]) == 0
+    out, err = capsys.readouterr()
+    assert "| h200_cosmos3_e4 | 8 |" in out and "h200_pi05lr_e48" not in out
+    assert f"{killed}: left out, no summary/episodes.parquet (it did not finish)" in err
+    with pytest.raises(SystemExit, match="no finished run"):
+        workflow_run.main([str(killed)])
