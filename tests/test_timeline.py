@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import math
 import re
+import subprocess
+import sys
 import time
 
 import pandas as pd
@@ -20,6 +22,7 @@ from libero_eval.analysis.efficiency_inputs import (
     read_service_timeline,
 )
 from libero_eval.analysis.timeline import (
+    launch_epoch,
     launch_time,
     record_end,
     record_launch,
@@ -174,6 +177,35 @@ def test_the_launch_line_the_snakefile_writes_is_what_the_aggregate_reads(tmp_pa
     assert re.search(
         r"\[workflow\] workflow end: \d+\.\d s after its launch\n$", event_log.read_text()
     )
+
+
+def test_the_launch_is_snakemakes_start_even_where_a_shell_execd_it_after_other_commands():
+    # the process began with the shell (pip install first): its start is not the launch
+    assert launch_epoch(created=1000.0, parsed_at=1050.0, cpu_s=1.2) == pytest.approx(1048.8)
+    # a process that only computed until the workflow was parsed: its own start
+    assert launch_epoch(created=1000.0, parsed_at=1002.0, cpu_s=1.2) == 1000.0
+    assert launch_epoch(created=1000.0, parsed_at=1009.0, cpu_s=0.5) == 1000.0  # within the gap
+
+
+def test_a_shell_execs_the_last_command_of_a_chain_in_its_own_process(tmp_path):
+    # `bash -c 'a && b'` runs b in the shell's process (the README's demo command ends with
+    # `&& .venv/bin/snakemake`), so the process's start is before `a`: what launch_epoch is for
+    event_log = tmp_path / "eval_embodiment.log"
+    code = (
+        "import sys, time; parsed = (time.time(), time.process_time()); "
+        "from libero_eval.analysis.timeline import launch_epoch, record_launch; "
+        "import psutil; created = psutil.Process().create_time(); "
+        "record_launch(sys.argv[1], 0, parsed); "
+        "print(created, parsed[0], launch_epoch(created, *parsed, gap_s=1.0))"
+    )
+    command = f"sleep 2 && {sys.executable} -c '{code}' {event_log}"
+    created, parsed_at, launch = map(
+        float, subprocess.check_output(["bash", "-c", command]).split()
+    )
+    assert parsed_at - created >= 2.0  # the sleep ran in the same process, before Python
+    assert created + 2.0 <= launch <= parsed_at  # with a 1 s gap: after the sleep
+    # the default gap (10 s) keeps the process's start for a 2 s wait
+    assert launch_time(event_log) == pytest.approx(created, abs=0.01)
 
 
 def test_the_aggregate_step_and_the_report_rule_log_the_windows(tmp_path):

@@ -1,9 +1,14 @@
 import json
 import sys
+import time
 from functools import cached_property
 from pathlib import Path
 
 from snakemake.settings.types import DeploymentMethod
+
+# Before the package's imports: when this process began Snakemake's work (its launch, even where
+# a shell exec'd Snakemake after other commands: libero_eval.analysis.timeline.launch_epoch)
+PARSED_AT = (time.time(), time.process_time())
 
 from libero_eval.checkpoints import checkpoint_record, what_changed
 from libero_eval.config import (
@@ -298,7 +303,7 @@ def on_start():
         if getattr(j, "name", "") in ("rollout", "checkpoint_rollout")
     ]
     # the run's launch, for the report's "where the wall time went" (libero_eval.analysis.timeline)
-    record_launch(EVENT_LOG, len(rollouts))
+    record_launch(EVENT_LOG, len(rollouts), PARSED_AT)
     for (
         name,
         model,
