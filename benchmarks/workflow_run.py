@@ -276,9 +276,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", action="append", default=[], help="PREFIX=OBS_PER_S")
     parser.add_argument("--bench", action="append", default=[], help="PREFIX=BENCH.json")
     args = parser.parse_args(argv)
-    finished = [run for run in args.runs if (run / "summary" / "episodes.parquet").is_file()]
-    for run in sorted(set(args.runs) - set(finished)):
-        print(f"{run}: left out, no summary/episodes.parquet (it did not finish)", file=sys.stderr)
+    finished = []
+    for run in args.runs:
+        if (run / "summary" / "episodes.parquet").is_file():
+            finished.append(run)
+        else:
+            print(
+                f"{run}: left out, no summary/episodes.parquet (it did not finish)", file=sys.stderr
+            )
     if not finished:
         raise SystemExit("no finished run to show")
     results = [analyze(run, args.queries_per_episode) for run in finished]

@@ -85,8 +85,10 @@ def launch_epoch(
     """When Snakemake started: its process's start (`created`), unless by `parsed_at` (wall
     clock, as the workflow was parsed) the process had waited more than `gap_s` beyond the
     `cpu_s` it had used. A shell running `pip install ... && snakemake` (the README's demo
-    command) execs Snakemake in its own process, created before pip ran; until the workflow
-    is parsed Snakemake only computes (its imports), so it started at `parsed_at - cpu_s`."""
+    command) execs Snakemake in its own process, created before pip ran (bash 5.2 runs the
+    last command of a `bash -c` and-list without a fork: tests/test_timeline.py runs it);
+    until the workflow is parsed Snakemake only computes (its imports), so it started at
+    `parsed_at - cpu_s`."""
     if parsed_at - created - cpu_s > gap_s:
         return parsed_at - cpu_s
     return created
