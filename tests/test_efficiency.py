@@ -120,6 +120,41 @@ def test_a_slot_whose_episodes_were_all_reused_has_no_rates():
     assert merged.iloc[0]["obs_per_s"] == 4.0 and merged.iloc[0]["envs"] == 4
 
 
+def test_an_envs_query_splits_into_simulating_rendering_and_hand_off_over_the_mid_run():
+    # serving from T0 + 0 to T0 + 100: the mid-run window is T0 + 10 .. T0 + 90
+    work = [
+        # received_at, command, shard_s, wall_s, cpu_s, render_s
+        [T0 - 5, "start", None, 1.0, 0.9, 0.01],  # before the server was ready (T0 - 2)
+        [T0 + 1, "start", None, 1.0, 0.9, 0.03],  # after it: not the baseline
+        [T0 + 5, "chunk", 0.2, 0.18, 0.15, 0.01],  # before the mid-run window
+        [T0 + 50, "chunk", 0.4, 0.3, 0.2, 0.1],
+        [T0 + 60, "chunk", 0.6, 0.5, 0.2, 0.3],
+    ]
+    log = dispatch(requests=[(0, 100, 4, True)], env_work=work, timeline={"service_ready": T0 - 2})
+    table = efficiency_table([log], {0: capacity()})
+    row = table.iloc[0]
+    assert row["env_query_s"] == pytest.approx(0.5)
+    assert row["env_render_s"] == pytest.approx(0.2)
+    assert row["env_sim_s"] == pytest.approx(0.2)
+    assert row["env_handoff_s"] == pytest.approx(0.1)
+    assert row["env_cpu_s"] == pytest.approx(0.2)
+    assert row["env_start_render_s"] == pytest.approx(0.01)
+    shown = efficiency_markdown(table)
+    assert "| an env's query, mid-run (in its worker) | 0.50 s: 0.20 simulating, 0.200 " in shown
+    assert "rendering (0.010 before the server was ready), 0.10 hand-off; 0.20 s of CPU |" in shown
+
+    # envs that render every step: no rendering figure, simulating holds it
+    every_step = [[T0 + 50, "chunk", 0.4, 0.3, 0.2, None]]
+    table = efficiency_table([dispatch(requests=[(0, 100, 4, True)], env_work=every_step)], {})
+    row = table.iloc[0]
+    assert math.isnan(row["env_render_s"]) and row["env_sim_s"] == pytest.approx(0.3)
+    assert "0.30 simulating and rendering (every step)" in efficiency_markdown(table)
+    # a log written before env_work was recorded: unknown, not shown
+    table = efficiency_table([dispatch(requests=[(0, 100, 4, True)])], {})
+    assert math.isnan(table.iloc[0]["env_query_s"])
+    assert "an env's query" not in efficiency_markdown(table)
+
+
 # --------------------------------------------------------------------------- verdict
 
 
@@ -172,6 +207,26 @@ def test_verdict_slow_envs_when_batches_leave_partial_while_the_envs_step():
     assert verdict.cause == "envs_slow"
     assert "rollout.total_num_envs" in verdict.message
     assert "a prompt's envs" in verdict.message  # a request carries one prompt's batch
+
+
+def test_slow_envs_whose_renders_wait_on_the_shared_gpu_are_told_to_render_elsewhere():
+    split = {
+        "env_query_s": 0.40,
+        "env_sim_s": 0.20,
+        "env_handoff_s": 0.02,
+        "env_start_render_s": 0.01,
+    }
+    slow = figures(batch_fill=0.6, envs_waiting=3.3, envs_stepping=3.9, **split)
+    waiting = diagnose(slow | {"env_render_s": 0.18}).message
+    assert "An env's query took 0.40 s mid-run: 0.20 s simulating, 0.180 s rendering" in waiting
+    assert "(0.010 s before the server was ready), 0.02 s in the pipes" in waiting
+    assert "rollout.render_device" in waiting
+    # renders as fast as with the GPU idle: the split is told, no render advice
+    quick = diagnose(slow | {"env_render_s": 0.015}).message
+    assert "0.015 s rendering" in quick and "rollout.render_device" not in quick
+    # no baseline (the server was ready before any env): no claim about waiting
+    unknown = diagnose(slow | {"env_render_s": 0.18, "env_start_render_s": math.nan}).message
+    assert "rollout.render_device" not in unknown
 
 
 def test_verdict_unexplained_otherwise():

@@ -62,7 +62,14 @@ def _run_episodes(render_mode: str, suite: str, task_id: int, init_states: tuple
                     break
                 queries.append((result, env.sim_state()))
             assert isinstance(result, EpisodeOutcome), "the episode must end after max_steps"
-            episodes.append({"queries": queries, "final_state": env.sim_state(), "outcome": result})
+            episodes.append(
+                {
+                    "queries": queries,
+                    "final_state": env.sim_state(),
+                    "outcome": result,
+                    "renders": (env._switch.renders, env.render_seconds),
+                }
+            )
     finally:
         env.close()
     return episodes
@@ -113,3 +120,12 @@ def test_on_demand_rendering_matches_per_step_rendering(suite, task_id, init_sta
             zip(ref_outcome.frames, outcome.frames, strict=True)
         ):
             assert frame.tobytes() == ref_frame.tobytes(), f"{where}: video frame {number}"
+
+        # The env counts its cameras' renders and their seconds (the dispatch log's split of an
+        # env's query): on demand, the two cameras at the settle frame and at each video
+        # frame's step (the second query's render is one of them), counted over the env's
+        # episodes so far; rendering every step is not timed.
+        renders, seconds = lazy["renders"]
+        assert renders == 2 * (1 + MAX_STEPS // VIDEO_STRIDE) * (init_states.index(init_state) + 1)
+        assert seconds > 0
+        assert reference["renders"][1] is None

@@ -79,6 +79,7 @@ class FakeWorker:
 
     def __init__(self, index: int, journal: Journal):
         self.index, self.journal, self.busy = index, journal, False
+        self.work = None  # what a command took in the worker: not measured here
         self.conn, child = Pipe()
         thread = threading.Thread(target=self._env, args=(child,), daemon=True)
         self.process: FakeProcess | None = FakeProcess(thread, self.conn)

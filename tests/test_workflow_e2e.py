@@ -16,6 +16,7 @@ import yaml
 from conftest import workflow_dir
 
 from libero_eval.cli import run_status
+from libero_eval.rollout.dispatch_log import ENV_WORK
 from libero_eval.service import capacity_of
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,6 +173,21 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do_and_bad_records_rerun(wor
     assert timeline["last_answer"] <= timeline["shard_end"]
     assert timeline["first_request"] == min(r[0] for r in dispatch["requests"])
     assert dispatch["envs_choice"]["envs"] == 2 and dispatch["envs_choice"]["setting"] == 2
+    # Each observation says what it took in its env worker: 4 episodes' first observations,
+    # and the 2 of each episode's 3 chunks that did not end it; the cameras rendered once each.
+    work = pd.DataFrame(dispatch["env_work"], columns=ENV_WORK)
+    assert work["command"].value_counts().to_dict() == {"chunk": 8, "start": 4}
+    assert (work["render_s"] > 0).all() and (work["cpu_s"] > 0).all()
+    assert (work["wall_s"] > work["render_s"]).all()
+    chunks = work[work["command"] == "chunk"]
+    assert (chunks["shard_s"] >= chunks["wall_s"]).all() and work["shard_s"].isna().sum() == 4
+    row = pd.read_csv(results / "summary" / "efficiency.csv").iloc[0]
+    assert row["env_query_s"] == pytest.approx(
+        row["env_sim_s"] + row["env_render_s"] + row["env_handoff_s"]
+    )
+    if timeline["envs_ready"] < timeline["service_ready"]:  # renders with no server at work
+        assert row["env_start_render_s"] > 0
+    assert "| an env's query, mid-run (in its worker) |" in summary
     assert dispatch["dispatch_choice"]["merged_dispatch"] is None  # Cosmos3: no merging
     assert log.index("starting 2 envs") < log.index("server ready")
     assert re.search(r"envs ready: 2 envs in [0-9.]+ s \((before|after) the server was ready", log)

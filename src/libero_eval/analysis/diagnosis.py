@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from libero_eval.analysis.display import number
+
 # A slot below this fraction of its server's capacity gets a warning.
 LOW_FRACTION = 0.8
 # Mean latency above this many times the probes' prediction: the server is slowed down.
@@ -17,6 +19,10 @@ SLOWDOWN = 1.5
 LOW_DUTY = 0.8
 # Mean batch fill below this (with a high duty): batches leave the server's batch unused.
 LOW_FILL = 0.8
+# An env's renders mid-run over its renders before the server was ready, at or above which
+# (and at least RENDER_SHARE of its query) they wait on the GPU they share with the server.
+RENDER_WAIT = 2.0
+RENDER_SHARE = 0.25
 ALWAYS_BUSY = 0.95  # client-side duty at or above this: the server was the bound
 BOUND_HINT = (  # measured on one H200: docs/performance.md, "Where the server's time goes"
     "; the server always had work, so it was the bound: beside the envs, whose renders share "
@@ -121,7 +127,8 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
             f"({figures['envs_stepping']:.1f} on average) as long as they wait "
             f"({figures['envs_waiting']:.1f}): {late}; add envs per GPU "
             "(rollout.total_num_envs: one more batch of envs; with total_num_envs auto, "
-            "rollout.envs_per_shard, the most a shard starts) or give the envs more CPUs",
+            "rollout.envs_per_shard, the most a shard starts) or give the envs more CPUs"
+            + _env_query(figures),
         )
     if figures["batch_fill"] < LOW_FILL:
         return Verdict(
@@ -147,3 +154,24 @@ def diagnose(figures: Mapping[str, Any]) -> Verdict | None:
         f"({figures['batch_fill']:.0%}) as expected{pace_note}{stalls}{bound}; compare the "
         "capacity probe in the slot's service file with the serve log",
     )
+
+
+def _env_query(figures: Mapping[str, Any]) -> str:
+    """Where an env's query went (`libero_eval.analysis.env_time`), and whether its renders
+    wait on the GPU they share with the server; "" where the queries were not recorded."""
+    query, render = figures.get("env_query_s", math.nan), figures.get("env_render_s", math.nan)
+    if math.isnan(query):
+        return ""
+    before = figures.get("env_start_render_s", math.nan)
+    text = (
+        f". An env's query took {query:.2f} s mid-run: {figures['env_sim_s']:.2f} s "
+        f"simulating, {number(render, '.3f')} s rendering"
+        + ("" if math.isnan(before) else f" ({before:.3f} s before the server was ready)")
+        + f", {figures['env_handoff_s']:.2f} s in the pipes and the shard's loop"
+    )
+    if render >= RENDER_WAIT * before and render >= RENDER_SHARE * query:  # False for NaN
+        text += (
+            "; its renders wait on the GPU they share with the server, and more envs add to "
+            "that wait: render elsewhere (rollout.render_device: a GPU without a server)"
+        )
+    return text

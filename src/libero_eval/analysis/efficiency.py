@@ -42,6 +42,8 @@ from libero_eval.analysis.efficiency_inputs import (
     read_serve_log,
     read_service_timeline,
 )
+from libero_eval.analysis.env_time import COLUMNS as ENV_COLUMNS
+from libero_eval.analysis.env_time import env_time, env_time_text
 from libero_eval.analysis.server_pace import full_batch_seconds, server_batches
 from libero_eval.analysis.timeline import COLUMNS as TIMELINE_COLUMNS
 from libero_eval.analysis.timeline import (
@@ -85,6 +87,7 @@ COLUMNS = (
     "send_spread_ms",
     "full_batch_s",
     "probe_full_batch_s",
+    *ENV_COLUMNS,  # where an env's time per query went (libero_eval.analysis.env_time)
     "cause",
     "warning",
     *TIMELINE_COLUMNS,  # where the wall time went (libero_eval.analysis.timeline)
@@ -200,6 +203,12 @@ def slot_efficiency(
             else float(server_batches(requests)["observations"].mean())
         )
         row["batch_fill"] = row["mean_batch"] / row["server_batch"]
+    if len(requests):
+        row |= env_time(
+            logs, float(requests["sent_at"].min()), float(requests["answered_at"].max())
+        )
+    else:
+        row |= dict.fromkeys(ENV_COLUMNS, nan)
     verdict = diagnose(row)
     row["cause"] = verdict.cause if verdict else ""
     row["warning"] = verdict.message if verdict else ""
@@ -306,6 +315,8 @@ def efficiency_markdown(table: pd.DataFrame) -> str:
             ),
             ("span", f"{row['span_s']:.1f} s"),
         ]
+        if split := env_time_text(row):
+            figures.append(("an env's query, mid-run (in its worker)", split))
         if not math.isnan(row["graphs_captured_serving"]):
             reached = row["graph_capacity_reached"]
             figures.append(

@@ -1,6 +1,7 @@
 """A shard's dispatch log (`results/<run>/shards/<shard>.dispatch.json`): every policy request
 (sent, answered, observations, ok, its batch, when it began to leave), the envs' time waiting
-and stepping, the shard's timeline (`TIMELINE`) and its choices of envs and dispatch (with
+and stepping, what each observation took in its env worker (`ENV_WORK`), the shard's
+timeline (`TIMELINE`) and its choices of envs and dispatch (with
 why), read by `libero_eval.analysis.efficiency` for the run's GPU efficiency report and its
 timeline."""
 
@@ -24,6 +25,17 @@ TIMELINE = (
 )
 
 
+# One entry per observation an env worker sent back (docs: the dispatch log's contract).
+ENV_WORK = (
+    "received_at",  # when the shard received it (wall clock)
+    "command",  # "start" (an episode's first observation) or "chunk" (after an action chunk)
+    "shard_s",  # a chunk's: from its sending to the observation's receipt, as the shard saw it
+    "wall_s",  # the command's wall seconds in the worker (physics, control, rendering)
+    "cpu_s",  # the worker process's CPU seconds in it
+    "render_s",  # the seconds its cameras rendered in it (None where they render every step)
+)
+
+
 class DispatchLog:
     """What the shard's requests and envs did, for the run's efficiency report.
 
@@ -37,6 +49,7 @@ class DispatchLog:
         self.started_at = time.time()
         self.requests: list[tuple[float, float, int, bool, int, float]] = []
         self.env_seconds = {"waiting": 0.0, "stepping": 0.0}
+        self.env_work: list[tuple] = []  # ENV_WORK per observation
         self._env_state: dict[int, tuple[str, float]] = {}
         self.timeline: dict[str, float | None] = dict.fromkeys(TIMELINE)
         self.choices: dict[str, dict[str, Any]] = {}  # envs_choice, dispatch_choice
@@ -84,6 +97,15 @@ class DispatchLog:
         if state is not None:
             self._env_state[worker] = (state, now)
 
+    def work(self, received_at: float, shard_s: float | None, work: Any) -> None:
+        """An env's observation received at `received_at` (monotonic), after a chunk the
+        shard had sent `shard_s` seconds before (None: an episode's start), and what it took
+        in the worker (`env_worker.WorkTime`; nothing is logged without one)."""
+        if work is None:
+            return
+        command = "start" if shard_s is None else "chunk"
+        self.env_work.append((received_at + self._offset, command, shard_s, *work))
+
     def write(self, path: Path, header: dict[str, Any]) -> None:
         """Close every env's clock and write the log as JSON (atomically)."""
         now = time.monotonic()
@@ -97,6 +119,7 @@ class DispatchLog:
             "ended_at": time.time(),
             "requests": [list(r) for r in self.requests],
             "env_seconds": self.env_seconds,
+            "env_work": [list(w) for w in self.env_work],
             "timeline": self.timeline,
             **self.choices,
         }

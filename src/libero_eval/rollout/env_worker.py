@@ -1,6 +1,7 @@
 """One LIBERO env in a worker process (`EnvWorker`), and what goes over its pipe: a `Command`
 with its payload one way (`EpisodeSpec`, an action chunk, None), a `Reply` (`Status` and
-result) the other. The env itself is `libero_eval.rollout.libero_env.LiberoEpisodeEnv`.
+result) the other, with the `WorkTime` the worker spent on the command. The env itself is
+`libero_eval.rollout.libero_env.LiberoEpisodeEnv`.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
+import time
 import traceback
 from enum import StrEnum
 from typing import Any, NamedTuple
@@ -38,6 +40,15 @@ class Reply(NamedTuple):
     result: Any
 
 
+class WorkTime(NamedTuple):
+    """What one command took inside its worker: wall and CPU seconds (the process's), and the
+    seconds of it its cameras spent rendering (None where the env renders every step)."""
+
+    wall_s: float
+    cpu_s: float
+    render_s: float | None
+
+
 # -- worker process ----------------------------------------------------------------------------
 def _worker_main(
     conn,
@@ -58,13 +69,20 @@ def _worker_main(
         if command == Command.CLOSE:
             break
         try:
+            wall, cpu, render = time.perf_counter(), time.process_time(), env.render_seconds
             if command == Command.START:
                 result: Any = env.start_episode(payload)
             elif command == Command.CHUNK:
                 result = env.step_chunk(payload)
             else:
                 raise ValueError(f"unknown worker command {command!r}")
-            conn.send(Reply(Status.OK, result))
+            rendered = env.render_seconds
+            work = WorkTime(
+                time.perf_counter() - wall,
+                time.process_time() - cpu,
+                None if render is None or rendered is None else rendered - render,
+            )
+            conn.send((*Reply(Status.OK, result), work))
         except Exception as exc:  # noqa: BLE001 - reported to the shard as the episode's error
             env.close()  # a failed env may be in any state: rebuild it for the next episode
             error = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=4)}"
@@ -103,6 +121,7 @@ class EnvWorker:
         self.conn = None
         self.process = None
         self.busy = False
+        self.work: WorkTime | None = None  # what its last reply's command took in the worker
         self.start()
 
     def start(self) -> None:
@@ -129,9 +148,13 @@ class EnvWorker:
         self.busy = True
 
     def receive(self) -> Reply:
-        """The worker's reply; `Status.DIED` with a message if the process is gone."""
+        """The worker's reply; `Status.DIED` with a message if the process is gone. What its
+        command took in the worker is then `work` (None where it did not say)."""
+        self.work = None
         try:
-            reply = Reply(*self.conn.recv())
+            status, result, *work = self.conn.recv()
+            reply = Reply(status, result)
+            self.work = WorkTime(*work[0]) if work else None
         except (EOFError, OSError):
             self.process.join(timeout=5)
             exit_code = self.process.exitcode

@@ -211,6 +211,11 @@ class LiberoEpisodeEnv:
         self._fast_reset = None
         self._task = None
 
+    @property
+    def render_seconds(self) -> float | None:
+        """Seconds its cameras have spent rendering (on demand only: None per step)."""
+        return self._switch.seconds if self.settings.render_mode == "on_demand" else None
+
     # -- stepping ------------------------------------------------------------------------------
     def _step(self, action: np.ndarray, render: bool) -> tuple[dict, bool]:
         self._switch.wanted = render or self.settings.render_mode == "every_step"

@@ -12,6 +12,8 @@ policy receives are therefore byte-identical to per-step rendering
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 # robosuite's camera observables of a LIBERO env (`<camera>_image`)
@@ -20,9 +22,13 @@ CAMERAS = ("agentview", "robot0_eye_in_hand")
 
 class RenderSwitch:
     """Whether the env's cameras render now (set around a control step whose observation
-    is sent or saved)."""
+    is sent or saved), and how many renders they made and in how many seconds (a render's
+    wall time: on a GPU shared with a policy server it waits for the server's work)."""
 
-    wanted = False
+    def __init__(self) -> None:
+        self.wanted = False
+        self.renders = 0
+        self.seconds = 0.0
 
 
 class LazyCameraSensor:
@@ -36,9 +42,13 @@ class LazyCameraSensor:
         self.__name__ = getattr(sensor, "__name__", "camera_rgb")
 
     def __call__(self, obs_cache):
-        if self._switch.wanted:
-            return self._sensor(obs_cache)
-        return self._placeholder
+        if not self._switch.wanted:
+            return self._placeholder
+        started = time.perf_counter()
+        image = self._sensor(obs_cache)
+        self._switch.renders += 1
+        self._switch.seconds += time.perf_counter() - started
+        return image
 
 
 def install_lazy_cameras(env, switch: RenderSwitch, size: int) -> None:

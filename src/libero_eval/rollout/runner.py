@@ -313,6 +313,7 @@ class ShardRunner:
             info.task_language = result.task_language
             if sent is not None and self.choices is not None:
                 self.choices.step_s.append(now - sent)
+            self.dispatch_log.work(now, None if sent is None else now - sent, worker.work)
             self._ready[worker.index] = (result, now)
             self.dispatch_log.env(worker.index, "waiting", now)
             if self._dispatcher is not None:
@@ -378,8 +379,8 @@ class ShardRunner:
                     )
                     self._fail(worker, f"{kind}: {value}")
                 else:
+                    now = time.monotonic()  # before the worker can start on it
                     worker.send(Command.CHUNK, value[position])
-                    now = time.monotonic()
                     self._chunk_sent[index] = now
                     self.dispatch_log.env(index, "stepping", now)
 
