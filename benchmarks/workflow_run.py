@@ -16,7 +16,9 @@ them so. The windows are the report's (`libero_eval.analysis.timeline`, docs/rep
 - mid-run: the middle ``MID`` of the serving window, its answers over its length (the server's
   pace once every env is busy and before the last ones finish);
 - the run's timeline (efficiency.csv's columns: launch -> server ready -> first request ->
-  last answer -> shard end -> aggregate; its bound and ratio) and the launch to the report
+  last answer -> shard end -> aggregate; its bound and ratio), an env's query mid-run split
+  into simulating, rendering and hand-off (`libero_eval.analysis.env_time`), and the launch
+  to the report
   (the event log's "workflow end" line, else the report rule's);
 - episodes/hour at the protocol's full length: mid-run observations/s x 3600 / queries per
   full episode (``--queries-per-episode``; rlinf on libero_spatial 480 / 16 = 30, openpi
@@ -69,6 +71,13 @@ TIMELINE = (
     ("bound_serving_s", "bound_serving_s", 1),
     ("bound_s", "bound_s", 1),
     ("ratio_aggregate", "wall_over_bound", 2),
+    # an env's query mid-run, split (libero_eval.analysis.env_time)
+    ("env_query_s", "env_query_s", 3),
+    ("env_sim_s", "env_sim_s", 3),
+    ("env_render_s", "env_render_s", 3),
+    ("env_handoff_s", "env_handoff_s", 3),
+    ("env_cpu_s", "env_cpu_s", 3),
+    ("env_start_render_s", "env_start_render_s", 3),
 )
 
 
@@ -250,6 +259,7 @@ DONE = (  # (heading, key, form) of issue 39's table
     ("ratio", "ratio_report", ".2f"),
     ("mid-run obs/s (of the closed loop)", "mid", "s"),
     ("closed loop obs/s (source)", "closed", "s"),
+    ("an env's query mid-run: simulating / rendering (before ready) / hand-off", "env", "s"),
 )
 
 
@@ -258,6 +268,14 @@ def done_row(result: dict[str, Any]) -> str:
     rate = result.get("rate", result.get("capacity_obs_per_s"))
     cells["mid"] = f"{result['mid_obs_per_s']:.1f} ({result.get('mid_of_capacity', 0):.0%})"
     cells["closed"] = f"{rate} ({result.get('rate_source', 'capacity probe')})"
+    if "env_query_s" in result:
+        render = result.get("env_render_s")
+        before = result.get("env_start_render_s")
+        cells["env"] = (
+            f"{result['env_query_s']:.2f} s: {result['env_sim_s']:.2f} / "
+            f"{'n/a' if render is None else f'{render:.3f}'} "
+            f"({'n/a' if before is None else f'{before:.3f}'}) / {result['env_handoff_s']:.2f}"
+        )
     return (
         "| "
         + " | ".join(

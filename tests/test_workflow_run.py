@@ -64,6 +64,13 @@ def make_run(tmp_path: Path) -> Path:
         "bound_serving_s": 10.0,
         "bound_s": 40.0,
         "wall_over_bound": 55.5 / 40.0,
+        # an env's query mid-run (libero_eval.analysis.env_time)
+        "env_query_s": 0.4,
+        "env_sim_s": 0.2,
+        "env_render_s": 0.15,
+        "env_handoff_s": 0.05,
+        "env_cpu_s": 0.18,
+        "env_start_render_s": 0.01,
     }
     pd.DataFrame([{"slot": 0, **timeline}]).to_csv(run / "summary" / "efficiency.csv")
     serve = run / run.name / "serve"
@@ -148,7 +155,7 @@ def test_the_done_table_takes_the_closed_loop_the_bench_measured_on_the_same_mac
     # the report 60 s after launch: 1.58x; mid-run 4.0 obs/s is 80% of 5.0
     assert table[2] == (
         "| h200_cosmos3_e4 | 8 | 60 | 30 | 25 | 8.0 | 10 | 1.5 | 38 | 1.58 | 4.0 (80%) "
-        "| 5.0 (bench bench_cosmos3.json) |"
+        "| 5.0 (bench bench_cosmos3.json) | 0.40 s: 0.20 / 0.150 (0.010) / 0.05 |"
     )
     workflow_run.main([str(run), "--done"])  # else the capacity probe's rate
     assert "| 40 | 1.50 | 4.0 (100%) | 4.0 (capacity probe) |" in capsys.readouterr().out
