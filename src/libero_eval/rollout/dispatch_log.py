@@ -25,7 +25,8 @@ TIMELINE = (
 )
 
 
-# One entry per observation an env worker sent back (docs: the dispatch log's contract).
+# One entry per observation an env worker sent back (docs/reporting.md, "Where the wall time
+# went").
 ENV_WORK = (
     "received_at",  # when the shard received it (wall clock)
     "command",  # "start" (an episode's first observation) or "chunk" (after an action chunk)
