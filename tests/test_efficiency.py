@@ -498,6 +498,31 @@ def test_the_aggregate_step_writes_the_csv_the_markdown_section_and_log_lines(tm
     assert len(lines) == 3
 
 
+def test_a_service_file_snakemake_removed_is_read_from_the_shards_copy(tmp_path):
+    """Snakemake removes a service output when its group job ends, which can come before the
+    serve job's last write (a server left running stops at once): the aggregate step then
+    reads the service file as the shard saw it at ready, kept in its dispatch log."""
+    probe = {"observations": 4, "requests": 1, "seconds": 2.0}
+    seen = {
+        "capacity": {"max_batch_size": 4, "probes": [probe], "obs_per_s": 2.0},
+        "timeline": {"launch": T0 - 30, "healthy": T0 - 5, "ready": T0 - 2},
+        "startup_parts": {"health": 25.0, "probe": 3.0},
+    }
+    path = tmp_path / "shard000.dispatch.json"
+    path.write_text(json.dumps(dispatch(requests=[(0, 2, 4, True)], server=seen)))
+    service = tmp_path / "slot0.json"  # gone
+    row = write_efficiency([path], {0: service}, tmp_path / "e.csv").iloc[0]
+    assert row["capacity_obs_per_s"] == 2.0 and row["capacity_fraction"] == 1.0
+    assert row["start_to_ready_s"] == pytest.approx(28.0)
+    assert row["startup_parts"] == "health=25 probe=3"
+    # where the serve job wrote it again as it stopped, the file is read
+    service.write_text(json.dumps(seen | {"capacity": seen["capacity"] | {"obs_per_s": 4.0}}))
+    assert (
+        write_efficiency([path], {0: service}, tmp_path / "e.csv").iloc[0]["capacity_obs_per_s"]
+        == 4.0
+    )
+
+
 def test_without_capacity_the_fraction_is_reported_unknown(tmp_path):
     path = tmp_path / "shard000.dispatch.json"
     path.write_text(json.dumps(dispatch(requests=[(0, 1, 1, True)])))

@@ -194,10 +194,16 @@ def test_demo_shaped_run_end_to_end_then_nothing_to_do_and_bad_records_rerun(wor
     assert log.index("server ready") < log.index("first request ") < log.index("shard end ")
     serve_log = (workdir / "logs" / run_id / "serve" / "slot0.log").read_text()
     assert f"start-up delay: {SERVER_START_S:.1f} s (server.reference.startup_delay_s)" in serve_log
-    # The server's own capacity stays in its service file after it stopped.
-    capacity = capacity_of(results / "servers" / "slot0.json")
+    # The server's own capacity stays with the run after it stopped: the shard keeps the
+    # service file as it was at ready (Snakemake removes service outputs when the group job
+    # ends), and the report reads it from there where the file is gone.
+    capacity = dispatch["server"]["capacity"]
     assert capacity is not None and capacity["max_batch_size"] == 8, capacity
     assert [p["observations"] for p in capacity["probes"]] == [1, 8]
+    assert row["capacity_obs_per_s"] == pytest.approx(capacity["obs_per_s"])
+    assert dispatch["server"]["timeline"]["ready"] <= timeline["service_ready"]  # then seen
+    stopped = capacity_of(results / "servers" / "slot0.json")  # None where it is gone
+    assert stopped is None or stopped == capacity
 
     # The server and env workers were torn down with the run: none of them is left.
     assert len(first.descendants) >= 4  # launcher, server, shard, 2 env workers

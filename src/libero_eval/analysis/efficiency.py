@@ -363,9 +363,15 @@ def write_efficiency(
     to now, `libero_eval.analysis.timeline`)."""
     logs = [read_dispatch_log(p) for p in dispatch_paths]
     slots = {int(log["slot"]) for log in logs}
-    capacities = {s: read_capacity(service_files[s]) if s in service_files else None for s in slots}
+    # the service file as each slot's shards saw it at ready, where the file is gone
+    copies = {int(log["slot"]): log["server"] for log in logs if log.get("server")}
+    capacities = {
+        s: read_capacity(service_files[s], copies.get(s)) if s in service_files else None
+        for s in slots
+    }
     timelines = {
-        s: read_service_timeline(service_files[s]) if s in service_files else None for s in slots
+        s: read_service_timeline(service_files[s], copies.get(s)) if s in service_files else None
+        for s in slots
     }
     serve_logs = serve_logs or {}
     served = {s: read_serve_log(serve_logs[s]) if s in serve_logs else None for s in slots}

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -91,7 +92,8 @@ class ServiceTimeline:
 
 
 def _service_file(path: Path) -> dict[str, Any]:
-    """A slot's service file as a mapping; empty when it is gone (the serve job removes it)."""
+    """A slot's service file as a mapping; empty when it is gone (Snakemake removes a service
+    output when its group job ends; the serve job may write it again as it stops)."""
     if not path.is_file():
         return {}
     try:
@@ -106,11 +108,14 @@ def _service_file(path: Path) -> dict[str, Any]:
     return info
 
 
-def read_service_timeline(service_file: Path | str) -> ServiceTimeline | None:
-    """The server's timeline from a slot's service file; None when the file is gone or was
-    written by an older serve job (no "timeline")."""
+def read_service_timeline(
+    service_file: Path | str, copy: Mapping[str, Any] | None = None
+) -> ServiceTimeline | None:
+    """The server's timeline from a slot's service file, or where the file is gone from
+    `copy` (its shard's dispatch log's "server", the file as it was at ready); None without
+    either, or from an older serve job (no "timeline")."""
     path = Path(service_file)
-    info = _service_file(path)
+    info = _service_file(path) or dict(copy or {})
     timeline = info.get("timeline")
     if timeline is None:
         return None
@@ -168,11 +173,14 @@ def read_dispatch_log(path: Path | str) -> dict[str, Any]:
     return log
 
 
-def read_capacity(service_file: Path | str) -> Capacity | None:
-    """The capacity probe of a slot's service file; None when the file or its `capacity`
-    is missing (older runs, a failed probe)."""
+def read_capacity(
+    service_file: Path | str, copy: Mapping[str, Any] | None = None
+) -> Capacity | None:
+    """The capacity probe of a slot's service file, or where the file is gone of `copy` (as
+    `read_service_timeline`); None when neither has a `capacity` (older runs, a failed
+    probe)."""
     path = Path(service_file)
-    capacity = _service_file(path).get("capacity")
+    capacity = (_service_file(path) or dict(copy or {})).get("capacity")
     if capacity is None:
         return None
     try:

@@ -1,7 +1,8 @@
 """A shard's dispatch log (`results/<run>/shards/<shard>.dispatch.json`): every policy request
 (sent, answered, observations, ok, its batch, when it began to leave), the envs' time waiting
 and stepping, what each observation took in its env worker (`ENV_WORK`), the shard's
-timeline (`TIMELINE`) and its choices of envs and dispatch (with
+timeline (`TIMELINE`), its server's start as the service file gave it at ready (`"server"`)
+and its choices of envs and dispatch (with
 why), read by `libero_eval.analysis.efficiency` for the run's GPU efficiency report and its
 timeline."""
 
@@ -54,6 +55,7 @@ class DispatchLog:
         self._env_state: dict[int, tuple[str, float]] = {}
         self.timeline: dict[str, float | None] = dict.fromkeys(TIMELINE)
         self.choices: dict[str, dict[str, Any]] = {}  # envs_choice, dispatch_choice
+        self.server: dict[str, Any] | None = None  # the service file at ready (SERVER_RECORD)
 
     def mark(self, milestone: str, at: float | None = None) -> bool:
         """Record `milestone` (one of TIMELINE) at wall time `at` (default: now), once;
@@ -122,6 +124,7 @@ class DispatchLog:
             "env_seconds": self.env_seconds,
             "env_work": [list(w) for w in self.env_work],
             "timeline": self.timeline,
+            "server": self.server,
             **self.choices,
         }
         path.parent.mkdir(parents=True, exist_ok=True)

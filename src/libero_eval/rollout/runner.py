@@ -202,6 +202,7 @@ class ShardRunner:
             as_ready,
         )
         self.dispatch_log.mark("service_ready", info.ready_at)
+        self.dispatch_log.server = info.record
         log_event(
             s.event_log,
             f"rollout {s.shard}",

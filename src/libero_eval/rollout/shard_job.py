@@ -37,6 +37,7 @@ from libero_eval.rollout.fault_injection import (
 from libero_eval.rollout.render_device import RenderPlan
 from libero_eval.rollout.shard_run import run_shard
 from libero_eval.rollout.shard_settings import ShardFailed, ShardSettings
+from libero_eval.rollout.startup import SERVER_RECORD, Service
 from libero_eval.service import ParentWatch, ServiceUnavailableError, wait_for_service
 from libero_eval.store import DiskFullError, EpisodeStore
 
@@ -116,14 +117,15 @@ def run_shard_job(job: RolloutJob, paths: ShardPaths) -> None:
     episodes = list(shard.episodes)
     resume = f"Finished episodes are kept in {paths.store}; rerun the workflow to resume."
 
-    def service() -> tuple[str, dict | None]:  # on the shard's server-wait thread
+    def service() -> Service:  # on the shard's server-wait thread
         info = wait_for_service(  # polled often: the first request leaves soon after ready
             paths.service_file,
             timeout_s=shard_settings.health_timeout_s,
             poll_s=0.2,
             log_path=paths.serve_log,
         )
-        return info["url"], info.get("capacity")
+        record = {key: info[key] for key in SERVER_RECORD if key in info}
+        return info["url"], info.get("capacity"), record
 
     try:
         run_shard(

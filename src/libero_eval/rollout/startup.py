@@ -51,8 +51,13 @@ from libero_eval.policy.connection import connect
 from libero_eval.policy.errors import PolicyClientError
 from libero_eval.rollout.shard_settings import ShardFailed, ShardSettings
 
-# the service file's content once "ready": its URL and the serve job's capacity probe
-Service = tuple[str, dict[str, Any] | None]
+# the service file's content once "ready": its URL and the serve job's capacity probe, and
+# optionally the server's start as the file gives it (`SERVER_RECORD`), kept in the dispatch log
+Service = tuple[str, dict[str, Any] | None] | tuple[str, dict[str, Any] | None, dict[str, Any]]
+# What the dispatch log keeps of the service file at ready ("server"): the aggregate step
+# reads it where Snakemake has removed the service file (its service outputs go when their
+# group job ends, which can be before the serve job's last write).
+SERVER_RECORD = ("capacity", "timeline", "startup_parts")
 
 
 @dataclass(frozen=True)
@@ -63,6 +68,7 @@ class ServerInfo:
     max_batch: int  # observations one request may carry (its metadata)
     capacity: dict[str, Any] | None  # the serve job's probe at the server's start
     ready_at: float  # wall clock: when the shard saw the service ready
+    record: dict[str, Any] | None = None  # the service file's SERVER_RECORD at ready
 
     @property
     def server_batch(self) -> int:
@@ -71,7 +77,12 @@ class ServerInfo:
         return max(self.max_batch, int((self.capacity or {}).get("max_batch_size", 1)))
 
 
-def probe_server(settings: ShardSettings, url: str, capacity: dict[str, Any] | None) -> ServerInfo:
+def probe_server(
+    settings: ShardSettings,
+    url: str,
+    capacity: dict[str, Any] | None,
+    record: dict[str, Any] | None = None,
+) -> ServerInfo:
     """Check the server at `url` as the shard needs it: healthy, of the configured family
     (its metadata), and the observations a request may carry. Raises `ShardFailed`."""
     ready_at = time.time()
@@ -86,7 +97,7 @@ def probe_server(settings: ShardSettings, url: str, capacity: dict[str, Any] | N
         raise ShardFailed(f"{settings.shard}: policy server {url} is not usable: {exc}") from exc
     finally:
         probe.close()
-    return ServerInfo(url, max_batch, capacity, ready_at)
+    return ServerInfo(url, max_batch, capacity, ready_at, record)
 
 
 class ServerGate:
