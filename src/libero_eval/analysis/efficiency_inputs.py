@@ -108,6 +108,11 @@ def _service_file(path: Path) -> dict[str, Any]:
     return info
 
 
+def _service_info(path: Path, copy: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The service file, or where it is gone the shard's copy of it at ready (or {})."""
+    return _service_file(path) or dict(copy or {})
+
+
 def read_service_timeline(
     service_file: Path | str, copy: Mapping[str, Any] | None = None
 ) -> ServiceTimeline | None:
@@ -115,7 +120,7 @@ def read_service_timeline(
     `copy` (its shard's dispatch log's "server", the file as it was at ready); None without
     either, or from an older serve job (no "timeline")."""
     path = Path(service_file)
-    info = _service_file(path) or dict(copy or {})
+    info = _service_info(path, copy)
     timeline = info.get("timeline")
     if timeline is None:
         return None
@@ -180,7 +185,7 @@ def read_capacity(
     `read_service_timeline`); None when neither has a `capacity` (older runs, a failed
     probe)."""
     path = Path(service_file)
-    capacity = (_service_file(path) or dict(copy or {})).get("capacity")
+    capacity = _service_info(path, copy).get("capacity")
     if capacity is None:
         return None
     try:
