@@ -24,9 +24,10 @@ def test_the_installed_stack_is_the_pinned_one():
 
 @pytest.mark.libero
 def test_the_copied_and_relied_on_sources_are_unchanged():
-    from libero_eval.rollout.fast_reset import SOURCE_HASHES, source_hashes
+    from libero_eval.rollout.fast_reset import SOURCE_HASHES
+    from libero_eval.rollout.pinned_source import changed_sources
 
-    changed = [name for name, digest in source_hashes().items() if SOURCE_HASHES[name] != digest]
+    changed = changed_sources(SOURCE_HASHES)
     assert not changed, (
         f"robosuite/LIBERO changed {changed}: re-read libero_eval/rollout/fast_reset.py against "
         "them, re-run tests/test_episode_determinism.py, then update SOURCE_HASHES"

@@ -1,5 +1,7 @@
-"""(a) env stepping: per-step rendering, render on demand, physics only (the floor) and one
-render of the two cameras, timed in turns on the same episode."""
+"""(a) env stepping: per-step rendering, render on demand, physics only (the floor), physics
+with robosuite's own step loop (its controller's repeated forward, which the rollout skips:
+`libero_eval.rollout.single_forward`) and one render of the two cameras, timed in turns on the
+same episode."""
 
 from __future__ import annotations
 
@@ -19,9 +21,11 @@ class EnvResult:
     every_step: Cost
     on_demand: Cost  # per policy query (one chunk of 16 steps and its render)
     physics: Cost  # per step, camera observables disabled
+    robosuite_loop: Cost  # the same, robosuite's own step loop (two forwards before the torques)
     render: Cost  # per render of both cameras
     identical_queries: int
     compared_queries: int
+    identical_loop_states: int  # robosuite's loop and ours, sim state after each chunk
     observation: Any = None  # one real observation, for (d)
 
     @property
@@ -46,6 +50,7 @@ def _camera_sensors(env) -> list[Callable[[dict], np.ndarray]]:
 
 
 def section_a(args: argparse.Namespace) -> EnvResult:
+    from libero_eval.rollout import single_forward
     from libero_eval.rollout.libero_env import (
         EnvSettings,
         EpisodeSpec,
@@ -74,10 +79,18 @@ def section_a(args: argparse.Namespace) -> EnvResult:
     lazy_env, lazy_queries = start("on_demand")
     step_env, step_queries = start("every_step")
     physics_env, _ = start("on_demand")
+    install = single_forward.install
+    single_forward.install = lambda env: False  # robosuite's own loop in this env
+    try:
+        loop_env, _ = start("on_demand")
+    finally:
+        single_forward.install = install
     for camera in CAMERAS:
-        physics_env._env.env._observables[f"{camera}_image"].set_enabled(False)
+        for env in (physics_env, loop_env):
+            env._env.env._observables[f"{camera}_image"].set_enabled(False)
     sensors = _camera_sensors(lazy_env)
     on_demand, every_step, physics, render = Cost(), Cost(), Cost(), Cost()
+    robosuite_loop, identical_loop_states = Cost(), 0
     try:
         for index, chunk in enumerate(chunks[1:]):
             with measure(on_demand):
@@ -89,12 +102,18 @@ def section_a(args: argparse.Namespace) -> EnvResult:
             with measure(physics, count=CHUNK):
                 for action in chunk:
                     physics_env._env.step(action)
+            with measure(robosuite_loop, count=CHUNK):
+                for action in chunk:
+                    loop_env._env.step(action)
+            identical_loop_states += int(
+                np.array_equal(physics_env.sim_state(), loop_env.sim_state())
+            )
             if index < args.every_step_chunks:
                 with measure(every_step):
                     observation = step_env.step_chunk(chunk)
                 step_queries.append((observation, step_env.sim_state()))
     finally:
-        for env in (lazy_env, step_env, physics_env):
+        for env in (lazy_env, step_env, physics_env, loop_env):
             env.close()
 
     identical = 0
@@ -109,15 +128,18 @@ def section_a(args: argparse.Namespace) -> EnvResult:
         every_step=every_step,
         on_demand=on_demand,
         physics=physics,
+        robosuite_loop=robosuite_loop,
         render=render,
         identical_queries=identical,
         compared_queries=min(len(lazy_queries), len(step_queries)),
+        identical_loop_states=identical_loop_states,
         observation=lazy_queries[-1][0],
     )
 
 
 def print_a(result: EnvResult) -> dict[str, Any]:
     od, es, ph, rd = result.on_demand, result.every_step, result.physics, result.render
+    rl = result.robosuite_loop
     rows = [
         [
             "every_step (per-step rendering)",
@@ -142,6 +164,14 @@ def print_a(result: EnvResult) -> dict[str, Any]:
             1000 / ph.wall_ms,
             CHUNK * ph.cpu_ms,
             ph.count // CHUNK,
+        ],
+        [
+            "physics only, robosuite's own step loop",
+            rl.wall_ms,
+            rl.cpu_ms,
+            1000 / rl.wall_ms,
+            CHUNK * rl.cpu_ms,
+            rl.count // CHUNK,
         ],
         ["render both cameras once", rd.wall_ms, rd.cpu_ms, "", "", rd.count],
     ]
@@ -175,6 +205,18 @@ def print_a(result: EnvResult) -> dict[str, Any]:
                     "",
                     "all",
                 ],
+                [
+                    "physics: robosuite's loop / ours (one forward skipped)",
+                    rl.cpu_ms / ph.cpu_ms,
+                    rl.wall_ms / ph.wall_ms,
+                    "",
+                ],
+                [
+                    "identical sim state after each chunk, robosuite's loop and ours",
+                    f"{result.identical_loop_states}/{ph.count // CHUNK}",
+                    "",
+                    "all",
+                ],
             ],
         )
     )
@@ -182,6 +224,8 @@ def print_a(result: EnvResult) -> dict[str, Any]:
         "every_step": vars(es),
         "on_demand": vars(od),
         "physics": vars(ph),
+        "robosuite_loop": vars(rl),
+        "identical_loop_states": result.identical_loop_states,
         "render": vars(rd),
         "irreducible_cpu_ms": result.irreducible_cpu_ms,
         "ratio_cpu": ratio_cpu,

@@ -38,8 +38,6 @@ pins their source, and `tests/test_fast_reset.py` fails when they change.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -83,29 +81,6 @@ SOURCE_HASHES = {
         "b2f0e4cf3344401f0ace31577b90faf7ad172bc3e10bfcd0b26503bbe77dc88a"
     ),
 }
-
-
-def _resolve(qualified: str) -> Any:
-    import importlib
-
-    parts = qualified.split(".")
-    for split in range(len(parts) - 1, 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:split]))
-        except ImportError:
-            continue
-        for attr in parts[split:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ImportError(qualified)
-
-
-def source_hashes() -> dict[str, str]:
-    """sha256 of the installed source of each function in `SOURCE_HASHES`."""
-    return {
-        name: hashlib.sha256(inspect.getsource(_resolve(name)).encode()).hexdigest()
-        for name in SOURCE_HASHES
-    }
 
 
 def _restored(name: str) -> bool:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from libero_eval.policy.adapter import Observation
+from libero_eval.rollout import single_forward
 from libero_eval.rollout.protocols import EpisodeProtocol, reset_seed_of
 from libero_eval.rollout.render_on_demand import (
     LazyCameraSensor,
@@ -177,6 +178,8 @@ class LiberoEpisodeEnv:
             self._env = OffScreenRenderEnv(
                 bddl_file_name=bddl, camera_heights=size, camera_widths=size, horizon=100_000
             )
+        # the controller reuses the step loop's mj_forward (bit-identical; single_forward.py)
+        single_forward.install(self._env.env)
         if self.settings.render_mode == "on_demand":
             install_lazy_cameras(self._env.env, self._switch, self.settings.camera_size)
         elif self.settings.render_mode != "every_step":
