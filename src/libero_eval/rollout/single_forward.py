@@ -29,9 +29,10 @@ writes):
    inside ``_pre_action``, ``sim.forward`` is a no-op;
 2. ``mj_step``'s forward recomputes the same position and velocity stages, since only ctrl
    changed: the step right after ``_pre_action`` runs ``mj_step``'s parts itself, its forward
-   from the actuation stage on (``mj_forwardSkip(m, d, mjSTAGE_VEL, 0)``). Where
-   ``mj_checkPos`` or ``mj_checkVel`` reset the data (their warning counters move), it runs the
-   whole forward, as ``mj_step`` does.
+   from the actuation stage on (``mj_forwardSkip(m, d, mjSTAGE_VEL, 0)``), then
+   ``mj_checkAcc`` and ``mj_Euler``. ``mj_checkPos`` and ``mj_checkVel`` find nothing there:
+   where a position or velocity is NaN or beyond ``mjMAXVAL`` (their ``mju_isBad``), which
+   would reset the data, the step is ``mj_step`` itself.
 
 An action's physics then costs one forward pass per substep and the acceleration stages of a
 second, instead of three passes. Anything else that calls ``sim.forward`` or ``sim.step``
@@ -91,22 +92,22 @@ def _already_forwarded() -> None:
 
 
 def _step_after_forward(sim: Any) -> Callable[[], None]:
-    """``mj_step`` for the step right after ``_pre_action`` (module doc, 2): its parts, its
-    forward from the actuation stage on."""
+    """``mj_step`` for the step right after ``_pre_action`` (module doc, 2): its forward from
+    the actuation stage on; MuJoCo's own ``mj_step`` where its checks would reset the data."""
     import mujoco
+    import numpy as np
 
     model, data = sim.model._model, sim.data._data
-    checked = (int(mujoco.mjtWarning.mjWARN_BADQPOS), int(mujoco.mjtWarning.mjWARN_BADQVEL))
+    skip = int(mujoco.mjtStage.mjSTAGE_VEL)
 
     def step(with_udd: bool = True) -> None:
         del sim.step  # once: any later step is MuJoCo's own
-        warnings = [data.warning[w].number for w in checked]
-        mujoco.mj_checkPos(model, data)
-        mujoco.mj_checkVel(model, data)
-        if [data.warning[w].number for w in checked] != warnings:  # the data were reset
-            mujoco.mj_forward(model, data)
-        else:
-            mujoco.mj_forwardSkip(model, data, int(mujoco.mjtStage.mjSTAGE_VEL), 0)
+        # mju_isBad (NaN or beyond mjMAXVAL), which mj_checkPos / mj_checkVel test
+        fine = np.all(np.abs(data.qpos) <= mujoco.mjMAXVAL)
+        if not (fine and np.all(np.abs(data.qvel) <= mujoco.mjMAXVAL)):
+            mujoco.mj_step(model, data)
+            return
+        mujoco.mj_forwardSkip(model, data, skip, 0)
         mujoco.mj_checkAcc(model, data)
         mujoco.mj_Euler(model, data)
 
