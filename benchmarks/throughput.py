@@ -4,7 +4,8 @@ cost and planning cost, measured side by side in one run on one machine.
 Sections (pick with --sections, default all):
 
   a  env steps/s per process: per-step rendering, render on demand, physics only (the floor),
-     and one render of the two cameras alone; env CPU per policy query against its irreducible
+     physics with robosuite's own step loop (states compared), and one render of the two
+     cameras alone; env CPU per policy query against its irreducible
      cost (16 physics steps + one render), and the speed-up over per-step rendering.
   b  observations/s end to end: real ShardRunner shards (each in its own process, like a
      rollout job) against the real reference server with a fixed latency model, for a grid of

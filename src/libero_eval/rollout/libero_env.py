@@ -178,7 +178,7 @@ class LiberoEpisodeEnv:
             self._env = OffScreenRenderEnv(
                 bddl_file_name=bddl, camera_heights=size, camera_widths=size, horizon=100_000
             )
-        # the controller reuses the step loop's mj_forward (bit-identical; single_forward.py)
+        # each physics substep computes the robot's state once (bit-identical; single_forward)
         single_forward.install(self._env.env)
         if self.settings.render_mode == "on_demand":
             install_lazy_cameras(self._env.env, self._switch, self.settings.camera_size)
