@@ -106,12 +106,14 @@ def _warnings(sim) -> list[tuple[int, int]]:
 
 
 @pytest.mark.parametrize("bad_qpos", [False, True])
-def test_the_step_after_the_controller_is_mujocos_step(bad_qpos):
+def test_the_step_after_the_controller_is_mujocos_step(bad_qpos, tmp_path, monkeypatch):
     """After a full forward and a new ctrl, the one-shot step (its forward from the actuation
     stage on) gives what ``mj_step`` gives; where ``mj_checkPos`` resets the data (a NaN in
     qpos, twice) the step is ``mj_step`` itself."""
     mujoco = pytest.importorskip("mujoco")
     from robosuite.utils.binding_utils import MjSim
+
+    monkeypatch.chdir(tmp_path)  # MuJoCo's warnings go to MUJOCO_LOG.TXT in the cwd
 
     from libero_eval.rollout.single_forward import _step_after_forward
 
