@@ -128,7 +128,7 @@ def install(env: Any) -> bool:
     ):
         return False
     pre_action = env._pre_action
-    steps: dict[int, tuple[Any, Callable[[], None]]] = {}  # the sim's step, made once
+    made: list[Any] = [None, None]  # the sim and its step, made once per sim
 
     def pre_action_after_forward(action, policy_step=False):
         sim = env.sim  # a hard reset replaces the sim
@@ -137,10 +137,9 @@ def install(env: Any) -> bool:
             pre_action(action, policy_step)
         finally:
             del sim.forward
-        if id(sim) not in steps or steps[id(sim)][0] is not sim:
-            steps.clear()
-            steps[id(sim)] = (sim, _step_after_forward(sim))
-        sim.step = steps[id(sim)][1]
+        if made[0] is not sim:
+            made[:] = sim, _step_after_forward(sim)
+        sim.step = made[1]
 
     env._pre_action = pre_action_after_forward
     return True
