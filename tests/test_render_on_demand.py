@@ -68,6 +68,7 @@ def _run_episodes(render_mode: str, suite: str, task_id: int, init_states: tuple
                     "final_state": env.sim_state(),
                     "outcome": result,
                     "renders": (env._switch.renders, env.render_seconds),
+                    "readbacks": (env._switch.readbacks, env._switch.together),
                 }
             )
     finally:
@@ -129,3 +130,6 @@ def test_on_demand_rendering_matches_per_step_rendering(suite, task_id, init_sta
         assert renders == 2 * (1 + MAX_STEPS // VIDEO_STRIDE) * (init_states.index(init_state) + 1)
         assert seconds > 0
         assert reference["renders"][1] is None
+        # Both cameras of a step come from one read-back (camera_readback), checked equal to
+        # robosuite's own renders at the env's first.
+        assert lazy["readbacks"] == (renders // 2, True)

@@ -191,10 +191,10 @@ class LiberoEpisodeEnv:
             lazy = None
             if self.settings.render_mode == "on_demand":
                 shape = (size, size, 3)
-                switch = self._switch
+                switch, inner = self._switch, self._env.env
 
                 def lazy(sensor):
-                    return LazyCameraSensor(sensor, switch, shape)
+                    return LazyCameraSensor(sensor, switch, shape, inner)
 
             self._fast_reset = FastReset(
                 self._env.env, lazy_camera=lazy, compiled=compiles[-1] if compiles else None
