@@ -133,3 +133,39 @@ def test_on_demand_rendering_matches_per_step_rendering(suite, task_id, init_sta
         # Both cameras of a step come from one read-back (camera_readback), checked equal to
         # robosuite's own renders at the env's first.
         assert lazy["readbacks"] == (renders // 2, True)
+
+
+def test_cameras_read_back_unlike_robosuites_are_rendered_as_robosuite_does(monkeypatch, caplog):
+    """Where the read-back of a step's cameras together differs from robosuite's own renders
+    (here: the two images swapped), the env says so and renders camera by camera."""
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    from libero_eval.rollout import render_on_demand
+    from libero_eval.rollout.libero_env import EnvSettings, EpisodeSpec, LiberoEpisodeEnv
+    from libero_eval.rollout.protocols import get_protocol
+    from libero_eval.settings_schema import build
+
+    def first_query(render_mode: str):
+        env = LiberoEpisodeEnv(
+            build(EnvSettings, "rollout", render_mode=render_mode),
+            get_protocol("rlinf", max_steps_override=CHUNK, seed=1140),
+        )
+        try:
+            return env.start_episode(EpisodeSpec("libero_spatial", 0, 0)), env._switch
+        finally:
+            env.close()
+
+    reference, _ = first_query("every_step")
+    together = render_on_demand.render_together
+
+    def swapped(sim, cameras, width, height):
+        images = together(sim, cameras, width, height)
+        return dict(zip(cameras, reversed([images[c] for c in cameras]), strict=True))
+
+    monkeypatch.setattr(render_on_demand, "render_together", swapped)
+    with caplog.at_level("WARNING", logger=render_on_demand.__name__):
+        query, switch = first_query("on_demand")
+    assert switch.together is False
+    assert "differ from robosuite's own renders" in caplog.text
+    for camera in ("agentview", "wrist"):
+        assert getattr(query, camera).tobytes() == getattr(reference, camera).tobytes(), camera
+    assert switch.readbacks == 1  # the read-back found unequal, then robosuite's own renders

@@ -80,16 +80,17 @@ class RenderSwitch:
                 sim.render = previous
 
     def _image(self, sim, own_render, camera: str, width: int, height: int) -> np.ndarray:
+        state = (float(sim.data.time), width, height)
+        if self._frames_of == state and camera in self._frames:
+            return self._frames.pop(camera)
         if self.together is False or not can_render_together(sim, len(CAMERAS), width, height):
             self.readbacks += 1
             return own_render(camera_name=camera, width=width, height=height)
-        state = (float(sim.data.time), width, height)
-        if self._frames_of != state or camera not in self._frames:
-            self._frames = render_together(sim, CAMERAS, width, height)
-            self._frames_of = state
-            self.readbacks += 1
-            if self.together is None:
-                self._check(own_render, width, height)
+        self._frames = render_together(sim, CAMERAS, width, height)
+        self._frames_of = state
+        self.readbacks += 1
+        if self.together is None:
+            self._check(own_render, width, height)
         return self._frames.pop(camera)
 
     def _check(self, own_render, width: int, height: int) -> None:
