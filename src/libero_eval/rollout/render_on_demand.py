@@ -54,7 +54,7 @@ class RenderSwitch:
     @wanted.setter
     def wanted(self, value: bool) -> None:
         self._wanted = value
-        self._frames, self._frames_of = {}, None
+        self._frames_of = None  # the next render reads back anew
 
     def render(self, sim, sensor, obs_cache):
         """Run robosuite's camera `sensor` with `sim.render` answered from this state's
